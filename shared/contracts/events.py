@@ -1,0 +1,230 @@
+"""Events: what happened at a table, in the past tense. One Struct per event type.
+
+These are the ``data`` of the envelope (``envelope.py``) and are public: no event carries a
+card hidden from anyone at that moment (RULES.md section 11) until the hand-end reveal.
+New fields get defaults; a field's type never changes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared.contracts.options import TableOptions
+
+DealerReason = Literal[
+    "lot", "won_previous_hand", "lost_previous_hand", "alternate", "dead_hand_redeal"
+]
+HandEnding = Literal["knock", "undercut", "gin", "big_gin", "dead_hand", "abandoned"]
+MatchEnding = Literal["target", "resigned", "left", "absence", "expired"]
+CloseReason = Literal["rematch_declined", "creator_left", "left", "expired"]
+BotLevel = Literal["tito", "carmen", "luna"]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event."""
+
+
+class Player(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Who sits in a seat: a person (``id``, ``name``) or a bot (``bot`` level)."""
+
+    name: str
+    id: str | None = None
+    bot: BotLevel | None = None
+
+
+class TableCreated(Event, tag="table_created", kw_only=True):
+    """A player created a table and sits in seat 0."""
+
+    options: TableOptions
+    creator: Player
+
+
+class SeatTaken(Event, tag="seat_taken", kw_only=True):
+    """A person or a bot took a seat."""
+
+    seat: int
+    player: Player
+
+
+class MatchStarted(Event, tag="match_started", kw_only=True):
+    """Both seats are taken (or a rematch was agreed): a match to the target begins."""
+
+    match: int
+    options: TableOptions
+
+
+class HandStarted(Event, tag="hand_started", kw_only=True):
+    """A hand was dealt (R3.4): who deals and why, the upcard and the deck commitment."""
+
+    match: int
+    hand: int
+    dealer: int
+    reason: DealerReason
+    upcard: str
+    stock_count: int
+    knock_limit: int
+    deck_commitment: str
+
+
+class UpcardTaken(Event, tag="upcard_taken", kw_only=True):
+    """A seat took the upcard (R4.3)."""
+
+    hand: int
+    seat: int
+    card: str
+
+
+class UpcardPassed(Event, tag="upcard_passed", kw_only=True):
+    """A seat passed the upcard; after both passes ``reason`` says the stock must be drawn."""
+
+    hand: int
+    seat: int
+    reason: Literal["both_passed_upcard"] | None = None
+
+
+class CardDrawn(Event, tag="card_drawn", kw_only=True):
+    """A seat drew a card; ``card`` only when it came from the discard pile (R11.3)."""
+
+    hand: int
+    seat: int
+    source: Literal["stock", "discard"]
+    card: str | None = None
+    stock_count: int
+
+
+class CardDiscarded(Event, tag="card_discarded", kw_only=True):
+    """A seat discarded a card face up."""
+
+    hand: int
+    seat: int
+    card: str
+
+
+class StockLow(Event, tag="stock_low", kw_only=True):
+    """The stock is down to 4 cards (R8.3)."""
+
+    hand: int
+    stock_count: int
+
+
+class SeatHand(msgspec.Struct, frozen=True, kw_only=True):
+    """One seat's cards at the end of a hand, laid out."""
+
+    seat: int
+    cards: list[str]
+    melds: list[list[str]]
+    deadwood: list[str]
+    points: int
+
+
+class LaidOff(msgspec.Struct, frozen=True, kw_only=True):
+    """A card laid off (AJUNTOU): by which seat, on which of the knocker's melds (index)."""
+
+    card: str
+    meld: int
+    by: int
+
+
+class HandEnded(Event, tag="hand_ended", kw_only=True):
+    """The end-of-hand record: both hands revealed, layoffs, points, totals, the deck (R7.4)."""
+
+    match: int
+    hand: int
+    how: HandEnding
+    winner: int | None
+    points: int
+    knocker: int | None = None
+    knock_discard: str | None = None
+    knock_discard_chosen_by_server: bool = False
+    seats: list[SeatHand]
+    layoffs: list[LaidOff]
+    scores: list[int]
+    hands_won: list[int]
+    deck: list[str]
+    salt: str
+
+
+class SeatTally(msgspec.Struct, frozen=True, kw_only=True):
+    """One seat's final tally (R9.2)."""
+
+    points: int
+    hands_won: int
+    game_bonus: int
+    box_bonus: int
+    total: int
+
+
+class MatchEnded(Event, tag="match_ended", kw_only=True):
+    """A match ended: by reaching the target, by resignation, leaving, absence or expiry."""
+
+    match: int
+    winner: int | None
+    reason: MatchEnding
+    by: int | None = None
+    tally: list[SeatTally]
+
+
+class RematchOffered(Event, tag="rematch_offered", kw_only=True):
+    """A seat asked for (or agreed to) a rematch."""
+
+    match: int
+    seat: int
+
+
+class RematchAccepted(Event, tag="rematch_accepted", kw_only=True):
+    """Both seats agreed: a new match starts at the same table (R9.4)."""
+
+    match: int
+
+
+class AbsenceClaimable(Event, tag="absence_claimable", kw_only=True):
+    """The seat to act has been away past the absence time: the other may claim (R10.2)."""
+
+    seat: int
+    since: str
+
+
+class TableExpired(Event, tag="table_expired", kw_only=True):
+    """No command was accepted for the expiry time: the table closed (R10.3)."""
+
+
+class TableClosed(Event, tag="table_closed", kw_only=True):
+    """The table closed and takes no more commands."""
+
+    reason: CloseReason
+
+
+class MessagePosted(Event, tag="message_posted", kw_only=True):
+    """A seated player wrote in the table's chat (R10.5)."""
+
+    message_id: int
+    seat: int
+    name: str
+    text: str
+
+
+AnyEvent = (
+    TableCreated
+    | SeatTaken
+    | MatchStarted
+    | HandStarted
+    | UpcardTaken
+    | UpcardPassed
+    | CardDrawn
+    | CardDiscarded
+    | StockLow
+    | HandEnded
+    | MatchEnded
+    | RematchOffered
+    | RematchAccepted
+    | AbsenceClaimable
+    | TableExpired
+    | TableClosed
+    | MessagePosted
+)
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+}

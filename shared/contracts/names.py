@@ -1,0 +1,32 @@
+"""Exchange, queue and routing-key names (DESIGN.md section 3), with the deployment prefix."""
+
+from __future__ import annotations
+
+EVENTS_EXCHANGE = "gin.events"
+BOTS_EXCHANGE = "gin.bots"
+COMMANDS_QUEUE = "gin.commands"
+
+
+def prefixed(prefix: str, name: str) -> str:
+    """A name with the deployment's prefix (tests and several deployments share one broker)."""
+    return f"{prefix}{name}"
+
+
+def table_event_key(table_id: str, event_type: str) -> str:
+    """Routing key of a table event: ``table.<table_id>.<event_type>``."""
+    return f"table.{table_id}.{event_type}"
+
+
+def chat_key(table_id: str) -> str:
+    """Routing key of a chat message."""
+    return f"chat.{table_id}.message_posted"
+
+
+def timer_key(table_id: str, kind: str) -> str:
+    """Routing key of a timer event."""
+    return f"timer.{table_id}.{kind}"
+
+
+def bot_key(level: str) -> str:
+    """Routing key of a bot turn: ``bot.<level>``."""
+    return f"bot.{level}"
