@@ -29,27 +29,27 @@ class Command(
     expected_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
-class TakeUpcard(Command, tag="take_upcard", kw_only=True):
+class TakeUpcard(Command, tag="take_upcard", frozen=True, kw_only=True):
     """Take the face-up card offered at the start of a hand (R4)."""
 
 
-class PassUpcard(Command, tag="pass_upcard", kw_only=True):
+class PassUpcard(Command, tag="pass_upcard", frozen=True, kw_only=True):
     """Decline the upcard (R4)."""
 
 
-class Draw(Command, tag="draw", kw_only=True):
+class Draw(Command, tag="draw", frozen=True, kw_only=True):
     """Draw the top card of the stock or of the discard pile (R5.1)."""
 
     source: Literal["stock", "discard"]
 
 
-class Discard(Command, tag="discard", kw_only=True):
+class Discard(Command, tag="discard", frozen=True, kw_only=True):
     """End the turn by discarding a card face up (R5.2)."""
 
     card: CardText
 
 
-class Knock(Command, tag="knock", kw_only=True):
+class Knock(Command, tag="knock", frozen=True, kw_only=True):
     """Knock, or go gin when the deadwood left is 0 (R6.1, R6.2).
 
     Without ``card`` the server picks the discard (R6.5); without ``melds`` it lays the best
@@ -61,31 +61,31 @@ class Knock(Command, tag="knock", kw_only=True):
     deadwood: int | None = None
 
 
-class BigGin(Command, tag="big_gin", kw_only=True):
+class BigGin(Command, tag="big_gin", frozen=True, kw_only=True):
     """Show 11 melded cards without discarding (R6.3)."""
 
 
-class Resign(Command, tag="resign", kw_only=True):
+class Resign(Command, tag="resign", frozen=True, kw_only=True):
     """Give up the match: the opponent wins (DESISTIR, R9.3)."""
 
 
-class Leave(Command, tag="leave", kw_only=True):
+class Leave(Command, tag="leave", frozen=True, kw_only=True):
     """Leave the table: mid-match the opponent wins; after a match it declines the rematch."""
 
 
-class ClaimAbsence(Command, tag="claim_absence", kw_only=True):
+class ClaimAbsence(Command, tag="claim_absence", frozen=True, kw_only=True):
     """End the match because the opponent has not acted for the absence time (R10.2)."""
 
 
-class Rematch(Command, tag="rematch", kw_only=True):
+class Rematch(Command, tag="rematch", frozen=True, kw_only=True):
     """Offer a rematch, or accept the one offered (R9.4)."""
 
 
-class DeclineRematch(Command, tag="decline_rematch", kw_only=True):
+class DeclineRematch(Command, tag="decline_rematch", frozen=True, kw_only=True):
     """Refuse a rematch: the table closes (R9.4)."""
 
 
-class Expire(Command, tag="expire", kw_only=True):
+class Expire(Command, tag="expire", frozen=True, kw_only=True):
     """From the timer service: close a table with no accepted command for the expiry time."""
 
 

@@ -34,28 +34,28 @@ class Player(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     bot: BotLevel | None = None
 
 
-class TableCreated(Event, tag="table_created", kw_only=True):
+class TableCreated(Event, tag="table_created", frozen=True, kw_only=True):
     """A player created a table and sits in seat 0."""
 
     options: TableOptions
     creator: Player
 
 
-class SeatTaken(Event, tag="seat_taken", kw_only=True):
+class SeatTaken(Event, tag="seat_taken", frozen=True, kw_only=True):
     """A person or a bot took a seat."""
 
     seat: int
     player: Player
 
 
-class MatchStarted(Event, tag="match_started", kw_only=True):
+class MatchStarted(Event, tag="match_started", frozen=True, kw_only=True):
     """Both seats are taken (or a rematch was agreed): a match to the target begins."""
 
     match: int
     options: TableOptions
 
 
-class HandStarted(Event, tag="hand_started", kw_only=True):
+class HandStarted(Event, tag="hand_started", frozen=True, kw_only=True):
     """A hand was dealt (R3.4): who deals and why, the upcard and the deck commitment."""
 
     match: int
@@ -68,7 +68,7 @@ class HandStarted(Event, tag="hand_started", kw_only=True):
     deck_commitment: str
 
 
-class UpcardTaken(Event, tag="upcard_taken", kw_only=True):
+class UpcardTaken(Event, tag="upcard_taken", frozen=True, kw_only=True):
     """A seat took the upcard (R4.3)."""
 
     hand: int
@@ -76,7 +76,7 @@ class UpcardTaken(Event, tag="upcard_taken", kw_only=True):
     card: str
 
 
-class UpcardPassed(Event, tag="upcard_passed", kw_only=True):
+class UpcardPassed(Event, tag="upcard_passed", frozen=True, kw_only=True):
     """A seat passed the upcard; after both passes ``reason`` says the stock must be drawn."""
 
     hand: int
@@ -84,7 +84,7 @@ class UpcardPassed(Event, tag="upcard_passed", kw_only=True):
     reason: Literal["both_passed_upcard"] | None = None
 
 
-class CardDrawn(Event, tag="card_drawn", kw_only=True):
+class CardDrawn(Event, tag="card_drawn", frozen=True, kw_only=True):
     """A seat drew a card; ``card`` only when it came from the discard pile (R11.3)."""
 
     hand: int
@@ -94,7 +94,7 @@ class CardDrawn(Event, tag="card_drawn", kw_only=True):
     stock_count: int
 
 
-class CardDiscarded(Event, tag="card_discarded", kw_only=True):
+class CardDiscarded(Event, tag="card_discarded", frozen=True, kw_only=True):
     """A seat discarded a card face up."""
 
     hand: int
@@ -102,7 +102,7 @@ class CardDiscarded(Event, tag="card_discarded", kw_only=True):
     card: str
 
 
-class StockLow(Event, tag="stock_low", kw_only=True):
+class StockLow(Event, tag="stock_low", frozen=True, kw_only=True):
     """The stock is down to 4 cards (R8.3)."""
 
     hand: int
@@ -127,7 +127,7 @@ class LaidOff(msgspec.Struct, frozen=True, kw_only=True):
     by: int
 
 
-class HandEnded(Event, tag="hand_ended", kw_only=True):
+class HandEnded(Event, tag="hand_ended", frozen=True, kw_only=True):
     """The end-of-hand record: both hands revealed, layoffs, points, totals, the deck (R7.4)."""
 
     match: int
@@ -156,7 +156,7 @@ class SeatTally(msgspec.Struct, frozen=True, kw_only=True):
     total: int
 
 
-class MatchEnded(Event, tag="match_ended", kw_only=True):
+class MatchEnded(Event, tag="match_ended", frozen=True, kw_only=True):
     """A match ended: by reaching the target, by resignation, leaving, absence or expiry."""
 
     match: int
@@ -166,37 +166,37 @@ class MatchEnded(Event, tag="match_ended", kw_only=True):
     tally: list[SeatTally]
 
 
-class RematchOffered(Event, tag="rematch_offered", kw_only=True):
+class RematchOffered(Event, tag="rematch_offered", frozen=True, kw_only=True):
     """A seat asked for (or agreed to) a rematch."""
 
     match: int
     seat: int
 
 
-class RematchAccepted(Event, tag="rematch_accepted", kw_only=True):
+class RematchAccepted(Event, tag="rematch_accepted", frozen=True, kw_only=True):
     """Both seats agreed: a new match starts at the same table (R9.4)."""
 
     match: int
 
 
-class AbsenceClaimable(Event, tag="absence_claimable", kw_only=True):
+class AbsenceClaimable(Event, tag="absence_claimable", frozen=True, kw_only=True):
     """The seat to act has been away past the absence time: the other may claim (R10.2)."""
 
     seat: int
     since: str
 
 
-class TableExpired(Event, tag="table_expired", kw_only=True):
+class TableExpired(Event, tag="table_expired", frozen=True, kw_only=True):
     """No command was accepted for the expiry time: the table closed (R10.3)."""
 
 
-class TableClosed(Event, tag="table_closed", kw_only=True):
+class TableClosed(Event, tag="table_closed", frozen=True, kw_only=True):
     """The table closed and takes no more commands."""
 
     reason: CloseReason
 
 
-class MessagePosted(Event, tag="message_posted", kw_only=True):
+class MessagePosted(Event, tag="message_posted", frozen=True, kw_only=True):
     """A seated player wrote in the table's chat (R10.5)."""
 
     message_id: int
@@ -224,7 +224,4 @@ AnyEvent = (
     | TableClosed
     | MessagePosted
 )
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in AnyEvent.__args__  # type: ignore[attr-defined]
-}
+EVENT_TYPES: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in AnyEvent.__args__}

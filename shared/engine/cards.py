@@ -121,6 +121,8 @@ SUIT_POINTS: tuple[int, ...] = tuple(_suit_points(b) for b in range(1 << 13))
 TEXTS: tuple[str, ...] = tuple(str(c) for c in CARDS)
 # The cards of every 13-bit slice of each suit: four lookups list any hand.
 SUIT_CARDS: tuple[tuple[tuple[Card, ...], ...], ...] = tuple(
-    tuple(tuple(CARDS[suit * 13 + r] for r in range(13) if bits >> r & 1) for bits in range(1 << 13))
+    tuple(
+        tuple(CARDS[suit * 13 + r] for r in range(13) if bits >> r & 1) for bits in range(1 << 13)
+    )
     for suit in range(4)
 )

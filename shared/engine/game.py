@@ -367,7 +367,9 @@ def _big_gin(state: GameState, seat: int, cmd: c.BigGin, t: Timing) -> Result:
     mask = hand.hands[seat]
     if deadwood_points(mask) != 0:
         raise IllegalAction("not_big_gin", "big gin needs all 11 cards in melds", "R6.3")
-    score = score_knock(state.options, seat, mask, best_meld_masks(mask), hand.hands[1 - seat], True)
+    score = score_knock(
+        state.options, seat, mask, best_meld_masks(mask), hand.hands[1 - seat], True
+    )
     return _hand_over(state, hand, score, t, seat, None, False)
 
 

@@ -84,7 +84,11 @@ def best_layoffs(knocker_melds: Iterable[Sequence[int]], defender_cards: Iterabl
             count += len(ext)
         if used.bit_count() != count:
             continue  # the same card offered to two melds
-        key = (deadwood_points(defender & ~used), count, tuple(sorted(c for e in choice for c in e)))
+        key = (
+            deadwood_points(defender & ~used),
+            count,
+            tuple(sorted(c for e in choice for c in e)),
+        )
         if best_key is None or key < best_key:
             best_key, best_choice = key, choice
     laid = tuple((card, i) for i, ext in enumerate(best_choice) for card in ext)

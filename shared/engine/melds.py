@@ -62,9 +62,7 @@ def _stretches(bits: int) -> tuple[int, ...]:
 RUN_STRETCHES: tuple[tuple[int, ...], ...] = tuple(_stretches(b) for b in range(1 << 13))
 RUN_MELDED: tuple[int, ...] = tuple(sum(s) for s in RUN_STRETCHES)
 # Deadwood points of one suit's cards once its runs are melded.
-RUN_DEADWOOD: tuple[int, ...] = tuple(
-    SUIT_POINTS[b & ~RUN_MELDED[b]] for b in range(1 << 13)
-)
+RUN_DEADWOOD: tuple[int, ...] = tuple(SUIT_POINTS[b & ~RUN_MELDED[b]] for b in range(1 << 13))
 
 
 def _set_options(rank: int, suits: int) -> tuple[int, ...]:
@@ -221,7 +219,9 @@ def best_arrangement(cards: Iterable[int]) -> Arrangement:
 
 def discard_order(cards: Iterable[int]) -> list[Card]:
     """Cards in the order R6.5 prefers to discard them on ties: highest value, rank, suit."""
-    return sorted((CARDS[c] for c in cards), key=lambda c: (POINTS[c], c % 13, c // 13), reverse=True)
+    return sorted(
+        (CARDS[c] for c in cards), key=lambda c: (POINTS[c], c % 13, c // 13), reverse=True
+    )
 
 
 def best_discard(mask: int, forbidden: int = 0) -> tuple[Card, int]:

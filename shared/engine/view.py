@@ -24,7 +24,6 @@ from shared.engine.melds import (
 from shared.engine.scoring import texts
 from shared.engine.state import NO_CARD, GameState, HandState, Timing
 
-
 # Commands are frozen values: one Discard per card serves every view.
 DISCARDS: tuple[c.Discard, ...] = tuple(c.Discard(card=text) for text in TEXTS)
 
@@ -124,9 +123,7 @@ def match_view(state: GameState) -> MatchView:
     )
 
 
-def view(
-    state: GameState, seat: int | None
-) -> tuple[MatchView, HandView | None]:
+def view(state: GameState, seat: int | None) -> tuple[MatchView, HandView | None]:
     """The match and the hand as ``seat`` (None: a spectator) may see them."""
     hand = state.hand
     return match_view(state), None if hand is None else hand_view(hand, seat)
