@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench` runs them; each prints one JSON object per line."""
