@@ -30,3 +30,11 @@ def timer_key(table_id: str, kind: str) -> str:
 def bot_key(level: str) -> str:
     """Routing key of a bot turn: ``bot.<level>``."""
     return f"bot.{level}"
+
+
+DEAD_LETTER = "gin.dead"
+
+
+def bot_queue(level: str) -> str:
+    """The queue of one bot level's turns."""
+    return f"gin.bots.{level}"

@@ -19,6 +19,7 @@ from shared.contracts.events import (
     AnyEvent,
     CardDiscarded,
     CardDrawn,
+    CloseReason,
     HandEnded,
     HandStarted,
     MatchEnded,
@@ -458,7 +459,7 @@ def _resign(state: GameState, seat: int, cmd: c.Resign, t: Timing) -> Result:
 def _leave(state: GameState, seat: int, cmd: c.Leave, t: Timing) -> Result:
     _open(state)
     if state.status == "match_over":  # leaving after a match declines the rematch
-        return _close(state, t)
+        return _close(state, t, "left")
     state, events = _abandon(state, 1 - seat, "left", seat)
     return replace(state, last_move_at=t.now), events
 
@@ -503,6 +504,7 @@ def _rematch(state: GameState, seat: int, cmd: c.Rematch, t: Timing) -> Result:
     fresh = GameState(
         options=state.options,
         match=number,
+        hands_dealt=state.hands_dealt,  # hand numbers run on across a table's matches
         decision_since=t.now,
         last_move_at=t.now,
     )
@@ -514,12 +516,12 @@ def _decline_rematch(state: GameState, seat: int, cmd: c.DeclineRematch, t: Timi
     _open(state)
     if state.status != "match_over":
         raise IllegalAction("match_not_over", "a rematch follows a finished match", "R9.4")
-    return _close(state, t)
+    return _close(state, t, "rematch_declined")
 
 
-def _close(state: GameState, t: Timing) -> Result:
+def _close(state: GameState, t: Timing, reason: CloseReason) -> Result:
     closed = replace(state, status="closed", last_move_at=t.now)
-    return closed, [TableClosed(reason="rematch_declined")]
+    return closed, [TableClosed(reason=reason)]
 
 
 def expiry_due(state: GameState, t: Timing) -> bool:

@@ -1,0 +1,269 @@
+"""The v1 HTTP API of the table service (DESIGN.md section 7): small handlers, one error shape."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+import msgspec
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from services.table import store
+from services.table.tables import Actor, Refused, Tables
+from shared.contracts.api import (
+    CreateTable,
+    ErrorBody,
+    ErrorDetail,
+    JoinTable,
+    MintToken,
+    Preferences,
+    SeatBot,
+    Token,
+)
+from shared.contracts.commands import AnyCommand
+from shared.engine import IllegalAction
+from shared.infra.auth import AuthError, Identity, bearer, mint, verify
+from shared.infra.settings import Settings
+
+log = structlog.get_logger()
+T = TypeVar("T")
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", asyncpg.Pool)
+TABLES = web.AppKey("tables", Tables)
+_json = msgspec.json.Encoder()
+_command_decoder = msgspec.json.Decoder(AnyCommand)
+# Refusals that mean the request itself was malformed rather than untimely.
+BAD_INPUT = {"unknown_card", "invalid_meld", "overlapping_melds"}
+
+
+class CommandMetrics:
+    """Commands by type and outcome, and their latency."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.count = Counter(
+            "gin_commands",
+            "Table commands by type and outcome",
+            ["type", "outcome"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "gin_command_seconds",
+            "Time to apply and commit one command",
+            ["type"],
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
+
+
+METRICS = web.AppKey("command_metrics", CommandMetrics)
+
+
+def error_response(status: int, code: str, message: str, rule: str | None = None) -> web.Response:
+    """The one error shape: ``{"error": {"code", "message", "rule"}}``."""
+    body = ErrorBody(error=ErrorDetail(code=code, message=message, rule=rule))
+    return web.json_response(body=_json.encode(body), status=status)
+
+
+def refusal_of(exc: Exception) -> tuple[int, ErrorDetail]:
+    """The HTTP status and error body of a refused request."""
+    if isinstance(exc, Refused):
+        return exc.status, ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule)
+    if isinstance(exc, IllegalAction):
+        status = 400 if exc.code in BAD_INPUT else 409
+        return status, ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule)
+    if isinstance(exc, AuthError):
+        return 401, ErrorDetail(code="unauthorized", message=str(exc))
+    if isinstance(exc, msgspec.ValidationError):
+        text = str(exc)
+        code = "unknown_command" if "`$.type`" in text else "invalid_request"
+        return 400, ErrorDetail(code=code, message=text)
+    if isinstance(exc, msgspec.DecodeError):
+        return 400, ErrorDetail(code="malformed_json", message=f"the body is not JSON: {exc}")
+    raise exc
+
+
+@web.middleware
+async def refusals(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Turn every refusal into the error shape; nothing was changed by a refused request."""
+    try:
+        return await handler(request)
+    except (Refused, IllegalAction, AuthError, msgspec.ValidationError, msgspec.DecodeError) as e:
+        status, detail = refusal_of(e)
+        return error_response(status, detail.code, detail.message, detail.rule)
+
+
+def identity_of(request: web.Request, required: bool = True) -> Identity | None:
+    """The caller's identity from the bearer token (or ``?token=`` for WebSockets)."""
+    token = bearer(request.headers.get("Authorization")) or request.query.get("token")
+    if token is None:
+        if required:
+            raise AuthError("this route needs 'Authorization: Bearer <token>'")
+        return None
+    return verify(request.app[SETTINGS].auth_secret, token)
+
+
+async def body_of(request: web.Request, kind: type[T]) -> T:
+    """The request body decoded as ``kind`` (an empty body is an empty object)."""
+    raw = await request.read()
+    return msgspec.json.decode(raw or b"{}", type=kind)
+
+
+def json_bytes(body: bytes, status: int = 200) -> web.Response:
+    """A response from JSON already encoded."""
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+async def create_table(request: web.Request) -> web.Response:
+    """``POST /v1/tables``."""
+    identity = identity_of(request)
+    assert identity is not None
+    body = await body_of(request, CreateTable)
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        created = await request.app[TABLES].create(conn, identity, body.options)
+    structlog.contextvars.bind_contextvars(table_id=created.table_id)
+    log.info("table_created")
+    return json_bytes(_json.encode(created), status=201)
+
+
+async def join_table(request: web.Request) -> web.Response:
+    """``POST /v1/tables/{id}/join``."""
+    identity = identity_of(request)
+    assert identity is not None
+    body = await body_of(request, JoinTable)
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        result = await request.app[TABLES].join(
+            conn, request.match_info["id"], identity, body.invite_code
+        )
+    return json_bytes(_json.encode(result))
+
+
+async def seat_bot(request: web.Request) -> web.Response:
+    """``POST /v1/tables/{id}/bot``."""
+    identity = identity_of(request)
+    assert identity is not None
+    body = await body_of(request, SeatBot)
+    async with request.app[POOL].acquire() as conn, conn.transaction():
+        result = await request.app[TABLES].seat_bot(
+            conn, request.match_info["id"], identity, body.level
+        )
+    return json_bytes(_json.encode(result))
+
+
+async def get_table(request: web.Request) -> web.Response:
+    """``GET /v1/tables/{id}``: a seat view for a seated caller, the public view otherwise."""
+    identity = identity_of(request, required=False)
+    async with request.app[POOL].acquire() as conn:
+        row = await store.read_table(conn, request.match_info["id"])
+        if row is None:
+            raise Refused(404, "no_such_table", "there is no such table")
+        design = await store.deck_design(conn, identity.id) if identity else None
+    seat = row.seat_of(identity.id if identity else None)
+    return json_bytes(_json.encode(request.app[TABLES].table_view(row, seat, design)))
+
+
+async def run_command(request: web.Request, command: Any, identity: Identity) -> bytes:
+    """Apply one person's command in its own transaction, with metrics and log context."""
+    app = request.app
+    kind = type(command).__name__
+    structlog.contextvars.bind_contextvars(command_id=command.command_id)
+    start = time.perf_counter()
+    outcome = "refused"
+    try:
+        async with app[POOL].acquire() as conn, conn.transaction():
+            result = await app[TABLES].command(
+                conn, request.match_info["id"], Actor(kind="person", identity=identity), command
+            )
+        outcome = "applied"
+        return result
+    finally:
+        app[METRICS].count.labels(kind, outcome).inc()
+        app[METRICS].seconds.labels(kind).observe(time.perf_counter() - start)
+
+
+async def post_command(request: web.Request) -> web.Response:
+    """``POST /v1/tables/{id}/commands``."""
+    identity = identity_of(request)
+    assert identity is not None
+    command = _command_decoder.decode(await request.read())
+    return json_bytes(await run_command(request, command, identity))
+
+
+async def get_events(request: web.Request) -> web.Response:
+    """``GET /v1/tables/{id}/events?after=N``: public events to catch up after a reconnect."""
+    try:
+        after = int(request.query.get("after", "0"))
+        limit = min(int(request.query.get("limit", "1000")), 1000)
+    except ValueError as exc:
+        raise Refused(400, "invalid_request", "after and limit are whole numbers") from exc
+    if after < 0 or limit < 1:
+        raise Refused(400, "invalid_request", "after >= 0 and limit >= 1")
+    table_id = request.match_info["id"]
+    async with request.app[POOL].acquire() as conn:
+        if await store.read_table(conn, table_id) is None:
+            raise Refused(404, "no_such_table", "there is no such table")
+        rows = await store.events_after(conn, table_id, after, limit)
+    return json_bytes(b"[" + ",".join(rows).encode() + b"]")
+
+
+async def get_hand(request: web.Request) -> web.Response:
+    """``GET /v1/tables/{id}/hands/{n}``: a finished hand's full record, deck and salt."""
+    try:
+        number = int(request.match_info["n"])
+    except ValueError as exc:
+        raise Refused(400, "invalid_request", "the hand number is a whole number") from exc
+    async with request.app[POOL].acquire() as conn:
+        record = await store.hand_record(conn, request.match_info["id"], number)
+    if record is None:
+        raise Refused(404, "no_such_hand", "no such hand has ended at this table", "R11.3")
+    return json_bytes(record.encode())
+
+
+async def get_preferences(request: web.Request) -> web.Response:
+    """``GET /v1/players/me/preferences`` (R10.7)."""
+    identity = identity_of(request)
+    assert identity is not None
+    async with request.app[POOL].acquire() as conn:
+        design = await store.deck_design(conn, identity.id)
+    return web.json_response({"deck_design": design})
+
+
+async def put_preferences(request: web.Request) -> web.Response:
+    """``PUT /v1/players/me/preferences`` (R10.7)."""
+    identity = identity_of(request)
+    assert identity is not None
+    body = await body_of(request, Preferences)
+    async with request.app[POOL].acquire() as conn:
+        await store.set_deck_design(conn, identity.id, body.deck_design)
+    return web.json_response({"deck_design": body.deck_design})
+
+
+async def mint_token(request: web.Request) -> web.Response:
+    """``POST /v1/dev/tokens``: development only."""
+    body = await body_of(request, MintToken)
+    sub = body.sub or f"dev-{uuid.uuid4().hex[:12]}"
+    token = mint(request.app[SETTINGS].auth_secret, sub, body.name)
+    return json_bytes(_json.encode(Token(token=token, sub=sub, name=body.name)), status=201)
+
+
+def add_routes(app: web.Application, dev_tokens: bool) -> None:
+    """The v1 routes (the WebSocket route is added by ``ws.py``)."""
+    r = app.router
+    r.add_post("/v1/tables", create_table)
+    r.add_post("/v1/tables/{id}/join", join_table)
+    r.add_post("/v1/tables/{id}/bot", seat_bot)
+    r.add_get("/v1/tables/{id}", get_table)
+    r.add_post("/v1/tables/{id}/commands", post_command)
+    r.add_get("/v1/tables/{id}/events", get_events)
+    r.add_get("/v1/tables/{id}/hands/{n}", get_hand)
+    r.add_get("/v1/players/me/preferences", get_preferences)
+    r.add_put("/v1/players/me/preferences", put_preferences)
+    if dev_tokens:
+        r.add_post("/v1/dev/tokens", mint_token)

@@ -1,0 +1,196 @@
+"""The table service's SQL: one function per statement, each on the caller's connection."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+import msgspec
+
+from shared.contracts.envelope import Envelope
+from shared.contracts.events import Player
+from shared.contracts.options import TableOptions
+from shared.contracts.views import TableStatus
+from shared.engine.state import GameState
+from shared.infra.db import Conn
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(GameState)
+_json = msgspec.json.Encoder()
+_seats_decoder = msgspec.json.Decoder(list[Player | None])
+_options_decoder = msgspec.json.Decoder(TableOptions)
+
+
+class TableRow(msgspec.Struct, kw_only=True):
+    """One table as stored."""
+
+    table_id: str
+    invite_code: str
+    creator_id: str
+    options: TableOptions
+    seats: list[Player | None]
+    status: TableStatus
+    state: GameState | None
+    version: int
+    seq: int
+    created_at: datetime
+    last_move_at: datetime
+
+    def seat_of(self, player_id: str | None) -> int | None:
+        """The seat of a person, if seated."""
+        if player_id is None:
+            return None
+        for i, seat in enumerate(self.seats):
+            if seat is not None and seat.id == player_id:
+                return i
+        return None
+
+
+_COLUMNS = (
+    "table_id, invite_code, creator_id, options::text, seats::text, status, state,"
+    " version, seq, created_at, last_move_at"
+)
+
+
+def _row(record: asyncpg.Record) -> TableRow:
+    state = record["state"]
+    return TableRow(
+        table_id=record["table_id"],
+        invite_code=record["invite_code"],
+        creator_id=record["creator_id"],
+        options=_options_decoder.decode(record["options"]),
+        seats=_seats_decoder.decode(record["seats"]),
+        status=record["status"],
+        state=None if state is None else _state_decoder.decode(state),
+        version=record["version"],
+        seq=record["seq"],
+        created_at=record["created_at"],
+        last_move_at=record["last_move_at"],
+    )
+
+
+async def insert_table(conn: Conn, row: TableRow) -> None:
+    """Store a new table."""
+    await conn.execute(
+        "INSERT INTO tables (table_id, invite_code, creator_id, options, seats, status, state,"
+        " version, seq, created_at, last_move_at)"
+        " VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, $6, $7, $8, $9, $10, $11)",
+        row.table_id,
+        row.invite_code,
+        row.creator_id,
+        _json.encode(row.options).decode(),
+        _json.encode(row.seats).decode(),
+        row.status,
+        None if row.state is None else _state_encoder.encode(row.state),
+        row.version,
+        row.seq,
+        row.created_at,
+        row.last_move_at,
+    )
+
+
+async def lock_table(conn: Conn, table_id: str) -> TableRow | None:
+    """The table, locked for this transaction (every command goes through here)."""
+    record = await conn.fetchrow(
+        f"SELECT {_COLUMNS} FROM tables WHERE table_id = $1 FOR UPDATE", table_id
+    )
+    return None if record is None else _row(record)
+
+
+async def read_table(conn: Conn, table_id: str) -> TableRow | None:
+    """The table as last committed, without a lock."""
+    record = await conn.fetchrow(f"SELECT {_COLUMNS} FROM tables WHERE table_id = $1", table_id)
+    return None if record is None else _row(record)
+
+
+async def update_table(conn: Conn, row: TableRow) -> None:
+    """Store a table's new seats, status, state, version and seq."""
+    await conn.execute(
+        "UPDATE tables SET seats = $2::jsonb, status = $3, state = $4, version = $5, seq = $6,"
+        " last_move_at = $7 WHERE table_id = $1",
+        row.table_id,
+        _json.encode(row.seats).decode(),
+        row.status,
+        None if row.state is None else _state_encoder.encode(row.state),
+        row.version,
+        row.seq,
+        row.last_move_at,
+    )
+
+
+async def insert_events(conn: Conn, envelopes: list[Envelope]) -> None:
+    """Append events to their tables' logs."""
+    await conn.executemany(
+        "INSERT INTO events (table_id, seq, type, envelope) VALUES ($1, $2, $3, $4::jsonb)",
+        [(e.table_id, e.seq, e.type, _json.encode(e).decode()) for e in envelopes],
+    )
+
+
+async def events_after(conn: Conn, table_id: str, after: int, limit: int) -> list[str]:
+    """The JSON envelopes of a table with seq > after, in order."""
+    rows = await conn.fetch(
+        "SELECT envelope::text FROM events WHERE table_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        table_id,
+        after,
+        limit,
+    )
+    return [r[0] for r in rows]
+
+
+async def insert_hand(conn: Conn, table_id: str, hand: int, record: bytes) -> None:
+    """Keep a finished hand's record."""
+    await conn.execute(
+        "INSERT INTO hands (table_id, hand, record) VALUES ($1, $2, $3::jsonb)",
+        table_id,
+        hand,
+        record.decode(),
+    )
+
+
+async def hand_record(conn: Conn, table_id: str, hand: int) -> str | None:
+    """A finished hand's record as JSON."""
+    value: str | None = await conn.fetchval(
+        "SELECT record::text FROM hands WHERE table_id = $1 AND hand = $2", table_id, hand
+    )
+    return value
+
+
+async def prior_result(conn: Conn, table_id: str, command_id: str) -> str | None:
+    """The stored result of a command already applied, as JSON."""
+    value: str | None = await conn.fetchval(
+        "SELECT result::text FROM commands WHERE table_id = $1 AND command_id = $2",
+        table_id,
+        command_id,
+    )
+    return value
+
+
+async def insert_result(
+    conn: Conn, table_id: str, command_id: str, actor: str, result: bytes
+) -> None:
+    """Remember a command's result, so a repeat returns it and changes nothing."""
+    await conn.execute(
+        "INSERT INTO commands (table_id, command_id, actor, result) VALUES ($1, $2, $3, $4::jsonb)",
+        table_id,
+        command_id,
+        actor,
+        result.decode(),
+    )
+
+
+async def deck_design(conn: Conn, player_id: str) -> str | None:
+    """A player's deck design."""
+    value: str | None = await conn.fetchval(
+        "SELECT deck_design FROM preferences WHERE player_id = $1", player_id
+    )
+    return value
+
+
+async def set_deck_design(conn: Conn, player_id: str, design: str) -> None:
+    """Store a player's deck design."""
+    await conn.execute(
+        "INSERT INTO preferences (player_id, deck_design) VALUES ($1, $2)"
+        " ON CONFLICT (player_id) DO UPDATE SET deck_design = EXCLUDED.deck_design",
+        player_id,
+        design,
+    )

@@ -1,0 +1,362 @@
+"""The table lifecycle around the engine: create, join, seat a bot, and every command.
+
+Each public coroutine runs inside the caller's transaction on one connection: it locks the
+table row, checks, applies the engine, and records the change (state, events with gap-free
+seq, hand records, outbox rows, the command's result) before the caller commits.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Literal
+
+import msgspec
+
+from services.table import store
+from services.table.store import TableRow
+from shared.contracts import commands as c
+from shared.contracts.api import BotTurn, CommandResult, TableCreatedResponse
+from shared.contracts.envelope import Envelope, wrap
+from shared.contracts.events import (
+    AnyEvent,
+    BotLevel,
+    HandEnded,
+    Player,
+    SeatTaken,
+    TableClosed,
+    TableCreated,
+)
+from shared.contracts.names import BOTS_EXCHANGE, EVENTS_EXCHANGE, bot_key, table_event_key
+from shared.contracts.options import TableOptions
+from shared.contracts.views import TableStatus, TableView
+from shared.engine import IllegalAction, Timing, apply, deal, expire, legal, new_game, view
+from shared.engine.state import GameState
+from shared.infra import outbox
+from shared.infra.auth import Identity
+from shared.infra.db import Conn
+
+BOT_NAMES: dict[BotLevel, str] = {"tito": "TITO", "carmen": "CARMEN", "luna": "LUNA"}
+_json = msgspec.json.Encoder()
+Shuffle = Callable[[], tuple[list[int], str, int]]
+
+
+class Refused(Exception):
+    """A request refused before any change: an HTTP status and the error body's fields."""
+
+    def __init__(self, status: int, code: str, message: str, rule: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.rule = rule
+
+
+class Actor(msgspec.Struct, frozen=True, kw_only=True):
+    """Who sends a command: a person (by identity), a bot seat, or the timer service."""
+
+    kind: Literal["person", "bot", "timer"]
+    identity: Identity | None = None
+    seat: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How the command log names the actor."""
+        if self.identity is not None:
+            return f"person:{self.identity.id}"
+        return f"{self.kind}:{self.seat}"
+
+
+def secure_shuffle() -> tuple[list[int], str, int]:
+    """A deck from the operating system's secure source, a salt and a lot (R3.2, R3.5)."""
+    deck = list(range(52))
+    secrets.SystemRandom().shuffle(deck)
+    return deck, secrets.token_hex(16), secrets.randbelow(2)
+
+
+GAME_STATUS: dict[str, TableStatus] = {
+    "playing": "playing",
+    "match_over": "match_over",
+    "closed": "closed",
+    "expired": "expired",
+}
+
+
+class Tables:
+    """The table service's rules of the table, over the engine's rules of the game."""
+
+    def __init__(
+        self,
+        public_url: str,
+        absence_after_s: float,
+        expiry_after_s: float,
+        clock: Callable[[], float] = time.time,
+        shuffle: Shuffle = secure_shuffle,
+    ) -> None:
+        self.public_url = public_url.rstrip("/")
+        self.absence_after_s = absence_after_s
+        self.expiry_after_s = expiry_after_s
+        self.clock = clock
+        self.shuffle = shuffle
+
+    def timing(self) -> Timing:
+        """Now, with the absence and expiry durations."""
+        return Timing(self.clock(), self.absence_after_s, self.expiry_after_s)
+
+    # --- views --------------------------------------------------------------------------
+
+    def table_view(self, row: TableRow, seat: int | None, deck_design: str | None) -> TableView:
+        """What a seat (None: a spectator) may see of a table now."""
+        state = row.state
+        match = hand = None
+        moves: list[c.Command] = []
+        if state is not None:
+            match, hand = view(state, seat)
+            if seat is not None:
+                moves = legal(state, seat, self.timing())
+        elif seat == 0 and row.status == "waiting":
+            moves = [c.Leave()]
+        return TableView(
+            table_id=row.table_id,
+            version=row.version,
+            status=row.status,
+            you=seat,
+            seats=list(row.seats),
+            options=row.options,
+            deck_design=deck_design,
+            match=match,
+            hand=hand,
+            legal=moves,  # type: ignore[arg-type]
+        )
+
+    # --- the table lifecycle (R10.1) -------------------------------------------------------
+
+    async def create(
+        self, conn: Conn, identity: Identity, options: TableOptions
+    ) -> TableCreatedResponse:
+        """A new table with its creator in seat 0, waiting for an opponent."""
+        now = self._now()
+        creator = Player(id=identity.id, name=identity.name)
+        row = TableRow(
+            table_id=secrets.token_urlsafe(9),
+            invite_code=secrets.token_urlsafe(16),
+            creator_id=identity.id,
+            options=options,
+            seats=[creator, None],
+            status="waiting",
+            state=None,
+            version=0,
+            seq=0,
+            created_at=now,
+            last_move_at=now,
+        )
+        await store.insert_table(conn, row)
+        events: list[AnyEvent] = [
+            TableCreated(options=options, creator=creator),
+            SeatTaken(seat=0, player=creator),
+        ]
+        await self._record(conn, row, events)
+        design = await store.deck_design(conn, identity.id)
+        return TableCreatedResponse(
+            table_id=row.table_id,
+            invite_code=row.invite_code,
+            invite_url=f"{self.public_url}/tables/{row.table_id}?invite={row.invite_code}",
+            seat=0,
+            view=self.table_view(row, 0, design),
+        )
+
+    async def join(self, conn: Conn, table_id: str, identity: Identity, code: str) -> CommandResult:
+        """Take the free seat with the invitation code; the match starts (R10.1)."""
+        row = await self._lock(conn, table_id)
+        if not secrets.compare_digest(code, row.invite_code):
+            raise Refused(403, "bad_invite_code", "this invitation code is not this table's")
+        if row.seat_of(identity.id) is not None:
+            raise Refused(409, "already_seated", "you are seated at this table already", "R10.1")
+        if row.status != "waiting":
+            raise Refused(
+                409, "seat_taken", "both seats are taken: you can watch this table", "R10.1"
+            )
+        return await self._sit(conn, row, Player(id=identity.id, name=identity.name), identity)
+
+    async def seat_bot(
+        self, conn: Conn, table_id: str, identity: Identity, level: BotLevel
+    ) -> CommandResult:
+        """The creator fills the free seat with a bot; the match starts (R10.1)."""
+        row = await self._lock(conn, table_id)
+        if row.creator_id != identity.id:
+            raise Refused(403, "not_creator", "only the table's creator seats a bot", "R10.1")
+        if row.status != "waiting":
+            raise Refused(409, "seat_taken", "both seats are taken", "R10.1")
+        return await self._sit(conn, row, Player(name=BOT_NAMES[level], bot=level), identity)
+
+    async def _sit(
+        self, conn: Conn, row: TableRow, player: Player, caller: Identity
+    ) -> CommandResult:
+        row.seats[1] = player
+        timing = self.timing()
+        state, events = new_game(row.options, timing)
+        events = [SeatTaken(seat=1, player=player), *events]
+        state, dealt = self._deal_if_due(state, timing)
+        row.state = state
+        row.status = "playing"
+        envelopes = await self._record(conn, row, [*events, *dealt])
+        seat = row.seat_of(caller.id)
+        design = await store.deck_design(conn, caller.id)
+        return CommandResult(
+            version=row.version, events=envelopes, view=self.table_view(row, seat, design)
+        )
+
+    # --- commands --------------------------------------------------------------------------
+
+    async def command(self, conn: Conn, table_id: str, actor: Actor, cmd: c.Command) -> bytes:
+        """Apply one command in the caller's transaction; the result as JSON (a repeat of a
+        ``command_id`` returns the first result and changes nothing)."""
+        row = await self._lock(conn, table_id)
+        if cmd.command_id is not None:
+            prior = await store.prior_result(conn, table_id, cmd.command_id)
+            if prior is not None:
+                return prior.encode()
+        if cmd.expected_version is not None and cmd.expected_version != row.version:
+            raise Refused(
+                409,
+                "stale_version",
+                f"the table is at version {row.version}, not {cmd.expected_version}",
+            )
+        seat = self._seat(row, actor, cmd)
+        events = self._apply(row, seat, cmd)
+        envelopes = await self._record(conn, row, events)
+        design = await store.deck_design(conn, actor.identity.id) if actor.identity else None
+        result = _json.encode(
+            CommandResult(
+                version=row.version, events=envelopes, view=self.table_view(row, seat, design)
+            )
+        )
+        if cmd.command_id is not None:
+            await store.insert_result(conn, table_id, cmd.command_id, actor.label, result)
+        return result
+
+    def _seat(self, row: TableRow, actor: Actor, cmd: c.Command) -> int | None:
+        if actor.kind == "timer":
+            if not isinstance(cmd, c.Expire):
+                raise Refused(403, "timer_expires_only", "the timer service only expires tables")
+            return None
+        if isinstance(cmd, c.Expire):
+            raise Refused(403, "not_timer", "only the timer service expires a table", "R10.3")
+        if actor.kind == "bot":
+            seat = actor.seat
+            if seat not in (0, 1) or row.seats[seat] is None or row.seats[seat].bot is None:  # type: ignore[union-attr]
+                raise Refused(403, "not_a_bot_seat", "that seat is not a bot's")
+            return seat
+        assert actor.identity is not None
+        seat = row.seat_of(actor.identity.id)
+        if seat is None:
+            raise Refused(403, "not_seated", "spectators watch and do not play", "R10.1")
+        return seat
+
+    def _apply(self, row: TableRow, seat: int | None, cmd: c.Command) -> list[AnyEvent]:
+        timing = self.timing()
+        if row.status in ("closed", "expired"):
+            raise Refused(409, "table_closed", "this table is closed", "R10.3")
+        if row.state is None:  # waiting for an opponent
+            return self._apply_waiting(row, seat, cmd, timing)
+        if seat is None:
+            state, events = expire(row.state, timing)
+        else:
+            state, events = apply(row.state, seat, cmd, timing)
+            other = row.seats[1 - seat]
+            bot_agrees = other is not None and other.bot is not None  # R9.4
+            if isinstance(cmd, c.Rematch) and bot_agrees and state.status == "match_over":
+                state, more = apply(state, 1 - seat, c.Rematch(), timing)
+                events += more
+        state, dealt = self._deal_if_due(state, timing)
+        row.state = state
+        row.status = GAME_STATUS[state.status]
+        return [*events, *dealt]
+
+    def _apply_waiting(
+        self, row: TableRow, seat: int | None, cmd: c.Command, timing: Timing
+    ) -> list[AnyEvent]:
+        if seat is None:  # expiry of a table nobody joined
+            if timing.now - row.last_move_at.timestamp() < timing.expiry_after:
+                raise IllegalAction("not_expired", "the table is not idle long enough", "R10.3")
+            row.status = "expired"
+            return [TableClosed(reason="expired")]
+        if isinstance(cmd, c.Leave):  # R10.1: a creator who leaves a waiting table closes it
+            row.status = "closed"
+            return [TableClosed(reason="creator_left")]
+        raise Refused(
+            409, "waiting_for_opponent", "the match starts when both seats are taken", "R10.1"
+        )
+
+    def _deal_if_due(self, state: GameState, timing: Timing) -> tuple[GameState, list[AnyEvent]]:
+        if not state.needs_deal:
+            return state, []
+        deck, salt, lot = self.shuffle()
+        state, events = deal(state, deck, salt, lot, timing)
+        return state, list(events)
+
+    # --- recording a change -----------------------------------------------------------------
+
+    async def _lock(self, conn: Conn, table_id: str) -> TableRow:
+        row = await store.lock_table(conn, table_id)
+        if row is None:
+            raise Refused(404, "no_such_table", f"there is no table {table_id!r}")
+        return row
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), UTC)
+
+    async def _record(self, conn: Conn, row: TableRow, events: list[AnyEvent]) -> list[Envelope]:
+        """Store the new state and its events, hand records and outbox messages."""
+        now = self._now()
+        envelopes = []
+        for event in events:
+            row.seq += 1
+            envelopes.append(wrap(row.table_id, row.seq, event, now))
+        row.version += 1
+        row.last_move_at = now
+        await store.update_table(conn, row)
+        await store.insert_events(conn, envelopes)
+        for event in events:
+            if isinstance(event, HandEnded):
+                await store.insert_hand(conn, row.table_id, event.hand, _json.encode(event))
+        messages = [
+            (
+                EVENTS_EXCHANGE,
+                table_event_key(row.table_id, e.type),
+                _json.encode(e),
+                str(e.id),
+            )
+            for e in envelopes
+        ]
+        turn = self._bot_turn(row)
+        if turn is not None:
+            messages.append(
+                (
+                    BOTS_EXCHANGE,
+                    bot_key(turn.level),
+                    _json.encode(turn),
+                    f"{row.table_id}:{row.version}:bot",
+                )
+            )
+        await outbox.add_many(conn, messages)
+        return envelopes
+
+    def _bot_turn(self, row: TableRow) -> BotTurn | None:
+        """The bot seat's turn message, when a bot has a decision (R11.4: its view only)."""
+        state = row.state
+        if state is None or state.hand is None or row.status != "playing":
+            return None
+        seat = state.hand.to_act
+        player = row.seats[seat]
+        if player is None or player.bot is None:
+            return None
+        return BotTurn(
+            table_id=row.table_id,
+            seat=seat,
+            level=player.bot,
+            version=row.version,
+            view=self.table_view(row, seat, None),
+        )

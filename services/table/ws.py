@@ -1,0 +1,246 @@
+"""The table WebSocket: a snapshot on connect, then every event with the viewer's new view.
+
+Each replica has one exclusive queue on ``gin.events``, bound to the tables its clients watch,
+so it works with any number of replicas. Events come at least once and in order per table;
+a client is sent each seq once, and a gap (a lost binding, a reconnect) is filled from the
+table's event log before the next event goes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import asyncpg
+import msgspec
+import structlog
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+from aiohttp import WSCloseCode, WSMsgType, web
+from prometheus_client import CollectorRegistry, Gauge
+
+from services.table import store
+from services.table.http import POOL, TABLES, identity_of, refusal_of, run_command
+from services.table.store import TableRow
+from services.table.tables import Refused, Tables
+from shared.contracts.api import WsCommand, WsError, WsEvent, WsSnapshot
+from shared.contracts.envelope import Envelope, envelope_decoder
+from shared.contracts.names import EVENTS_EXCHANGE
+from shared.contracts.views import TableView
+from shared.infra.auth import AuthError, Identity
+
+log = structlog.get_logger()
+_json = msgspec.json.Encoder()
+_ws_command = msgspec.json.Decoder(WsCommand)
+GAP_FILL_LIMIT = 1000
+
+
+@dataclass(eq=False)
+class Client:
+    """One open WebSocket at one table."""
+
+    ws: web.WebSocketResponse
+    identity: Identity | None
+    last_seq: int = 0
+    last_chat_seq: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Hub:
+    """This replica's WebSocket clients, by table, fed from its own queue."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, tables: Tables, prefix: str, registry: CollectorRegistry
+    ) -> None:
+        self.pool = pool
+        self.tables = tables
+        self.prefix = prefix
+        self.clients: dict[str, set[Client]] = {}
+        self.channel: AbstractChannel | None = None
+        self.queue: AbstractQueue | None = None
+        self.exchange: AbstractExchange | None = None
+        self.open_sockets = Gauge(
+            "gin_websockets", "Open table WebSockets on this replica", registry=registry
+        )
+
+    async def start(self, connection: AbstractRobustConnection) -> None:
+        """Open this replica's queue and start consuming."""
+        self.channel = await connection.channel()
+        await self.channel.set_qos(prefetch_count=256)
+        self.exchange = await self.channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
+        self.queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        await self.queue.consume(self._on_message)
+        connection.reconnect_callbacks.add(self._on_reconnect)
+
+    async def attach(self, table_id: str, client: Client) -> None:
+        """Watch a table: bind before the snapshot, so nothing after it is missed."""
+        watchers = self.clients.setdefault(table_id, set())
+        first = not watchers
+        watchers.add(client)
+        self.open_sockets.inc()
+        if first and self.queue is not None and self.exchange is not None:
+            await self.queue.bind(self.exchange, f"table.{table_id}.*")
+            await self.queue.bind(self.exchange, f"chat.{table_id}.*")
+
+    async def detach(self, table_id: str, client: Client) -> None:
+        """Stop watching; the last watcher of a table unbinds it."""
+        watchers = self.clients.get(table_id, set())
+        watchers.discard(client)
+        self.open_sockets.dec()
+        if not watchers:
+            self.clients.pop(table_id, None)
+            if self.queue is not None and self.exchange is not None:
+                with contextlib.suppress(Exception):  # the broker may be away; no harm
+                    await self.queue.unbind(self.exchange, f"table.{table_id}.*")
+                    await self.queue.unbind(self.exchange, f"chat.{table_id}.*")
+
+    async def close_all(self) -> None:
+        """Close every socket with 1001 (going away): clients reconnect to another replica."""
+        sockets = [client.ws for watchers in self.clients.values() for client in watchers]
+        await asyncio.gather(
+            *(
+                ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+                for ws in sockets
+            ),
+            return_exceptions=True,
+        )
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        async with message.process(requeue=False):
+            try:
+                envelope = envelope_decoder.decode(message.body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning("ws_event_undecodable", error=str(exc))
+                return
+            await self.deliver(envelope)
+
+    def _on_reconnect(self, *_: object) -> None:
+        asyncio.get_running_loop().create_task(self.resync())
+
+    async def resync(self) -> None:
+        """After a broker reconnect, send every client what it may have missed."""
+        for table_id in list(self.clients):
+            await self.deliver_missed(table_id, None)
+
+    async def deliver(self, envelope: Envelope) -> None:
+        """Send one event to every client at its table, with each viewer's new view."""
+        watchers = self.clients.get(envelope.table_id)
+        if not watchers:
+            return
+        if envelope.type == "message_posted":
+            for client in list(watchers):
+                if envelope.seq > client.last_chat_seq:
+                    client.last_chat_seq = envelope.seq
+                    await _send(client, WsEvent(event=envelope))
+            return
+        await self.deliver_missed(envelope.table_id, envelope)
+
+    async def deliver_missed(self, table_id: str, envelope: Envelope | None) -> None:
+        """Send each client its unsent table events up to ``envelope`` (all, if None)."""
+        watchers = self.clients.get(table_id)
+        if not watchers:
+            return
+        async with self.pool.acquire() as conn:
+            row = await store.read_table(conn, table_id)
+            if row is None:
+                return
+            oldest = min(c.last_seq for c in watchers)
+            upto = row.seq if envelope is None else envelope.seq
+            missed: list[Envelope] = []
+            if oldest + 1 < upto or envelope is None:
+                raw = await store.events_after(conn, table_id, oldest, GAP_FILL_LIMIT)
+                missed = [envelope_decoder.decode(r) for r in raw]
+        events = {e.seq: e for e in missed if e.seq <= upto}
+        if envelope is not None:
+            events[envelope.seq] = envelope
+        views: dict[int | None, TableView] = {}
+        for client in list(watchers):
+            seat = row.seat_of(client.identity.id if client.identity else None)
+            if seat not in views:
+                views[seat] = self.tables.table_view(row, seat, None)
+            for seq in sorted(events):
+                if seq > client.last_seq:
+                    client.last_seq = seq
+                    await _send(client, WsEvent(event=events[seq], view=views[seat]))
+
+
+async def _send(client: Client, message: msgspec.Struct) -> None:
+    if client.ws.closed:
+        return
+    async with client.lock:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await client.ws.send_str(_json.encode(message).decode())
+
+
+HUB = web.AppKey("hub", Hub)
+
+
+async def table_socket(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/tables/{id}/ws``: watch a table; a seated client may also send commands."""
+    table_id = request.match_info["id"]
+    identity = identity_of(request, required=False)
+    async with request.app[POOL].acquire() as conn:
+        if await store.read_table(conn, table_id) is None:
+            raise Refused(404, "no_such_table", "there is no such table")
+    ws = web.WebSocketResponse(heartbeat=30.0)
+    await ws.prepare(request)
+    hub = request.app[HUB]
+    client = Client(ws=ws, identity=identity)
+    await hub.attach(table_id, client)
+    try:
+        await _snapshot(request, client, table_id)
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                await _on_text(request, client, msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await _on_text(request, client, msg.data.decode(errors="replace"))
+    finally:
+        await hub.detach(table_id, client)
+    return ws
+
+
+async def _snapshot(request: web.Request, client: Client, table_id: str) -> None:
+    async with request.app[POOL].acquire() as conn:
+        row: TableRow | None = await store.read_table(conn, table_id)
+        identity = client.identity
+        design = await store.deck_design(conn, identity.id) if identity else None
+    assert row is not None
+    seat = row.seat_of(identity.id if identity else None)
+    async with client.lock:
+        client.last_seq = max(client.last_seq, row.seq)
+        view = request.app[TABLES].table_view(row, seat, design)
+        await client.ws.send_str(_json.encode(WsSnapshot(view=view)).decode())
+
+
+async def _on_text(request: web.Request, client: Client, text: str) -> None:
+    try:
+        message = _ws_command.decode(text)
+        if client.identity is None:
+            raise AuthError("connect with ?token=... to send commands")
+        raw = await run_command(request, message.command, client.identity)
+        await _send_raw(client, b'{"kind":"result","result":' + raw + b"}")
+    except Exception as exc:
+        try:
+            _, detail = refusal_of(exc)
+        except Exception:
+            log.exception("ws_command_failed")
+            detail = None
+        if detail is not None:
+            await _send(client, WsError(error=detail))
+
+
+async def _send_raw(client: Client, body: bytes) -> None:
+    async with client.lock:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await client.ws.send_str(body.decode())
+
+
+def add_socket_route(app: web.Application) -> None:
+    """The WebSocket route."""
+    app.router.add_get("/v1/tables/{id}/ws", table_socket)

@@ -1,0 +1,142 @@
+"""Bodies of the v1 HTTP and WebSocket API (DESIGN.md section 7) and of the work queues."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from shared.contracts.commands import AnyCommand
+from shared.contracts.envelope import Envelope
+from shared.contracts.events import BotLevel
+from shared.contracts.options import TableOptions
+from shared.contracts.views import TableView
+
+DeckDesign = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")]
+
+
+class Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A request body: unknown fields are refused."""
+
+
+class CreateTable(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/tables``."""
+
+    options: TableOptions = msgspec.field(default_factory=TableOptions)
+
+
+class JoinTable(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/tables/{id}/join``."""
+
+    invite_code: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+
+
+class SeatBot(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/tables/{id}/bot``."""
+
+    level: BotLevel
+
+
+class Preferences(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``GET`` / ``PUT /v1/players/me/preferences``."""
+
+    deck_design: DeckDesign
+
+
+class MintToken(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/dev/tokens`` (development only)."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=60)]
+    sub: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
+
+
+class Token(msgspec.Struct, frozen=True, kw_only=True):
+    """A minted development token."""
+
+    token: str
+    sub: str
+    name: str
+
+
+class TableCreatedResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to ``POST /v1/tables``."""
+
+    table_id: str
+    invite_code: str
+    invite_url: str
+    seat: int
+    view: TableView
+
+
+class CommandResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to an accepted command: the new version, its events, the caller's view."""
+
+    version: int
+    events: list[Envelope]
+    view: TableView
+
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
+    """What was refused and why; ``rule`` names the rule of RULES.md when there is one."""
+
+    code: str
+    message: str
+    rule: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    """``{"error": {...}}``: every refusal."""
+
+    error: ErrorDetail
+
+
+class BotTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A bot seat must act: its own view (never more), on ``gin.bots`` key ``bot.<level>``."""
+
+    table_id: str
+    seat: int
+    level: BotLevel
+    version: int
+    view: TableView
+
+
+class QueuedCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """A command on ``gin.commands``: a bot's move, or the timer service's expiry."""
+
+    table_id: str
+    source: Literal["bot", "timer"]
+    seat: int | None = None
+    command: AnyCommand
+
+
+class WsCommand(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="command"):
+    """A command sent over the table WebSocket by a seated client."""
+
+    command: AnyCommand
+
+
+class WsSnapshot(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="snapshot"):
+    """The first WebSocket message: the whole current view."""
+
+    view: TableView
+
+
+class WsEvent(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="event", omit_defaults=True
+):
+    """One event of the table (or its chat), with the viewer's new view for table events."""
+
+    event: Envelope
+    view: TableView | None = None
+
+
+class WsResult(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="result"):
+    """The answer to a WebSocket command."""
+
+    result: CommandResult
+
+
+class WsError(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="error"):
+    """A refused WebSocket command or a bad message."""
+
+    error: ErrorDetail

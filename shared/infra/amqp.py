@@ -1,0 +1,66 @@
+"""RabbitMQ: the connection and the topology every service relies on (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+
+from shared.contracts.events import BotLevel
+from shared.contracts.names import (
+    BOTS_EXCHANGE,
+    COMMANDS_QUEUE,
+    DEAD_LETTER,
+    EVENTS_EXCHANGE,
+    bot_key,
+    bot_queue,
+)
+
+BOT_LEVELS: tuple[BotLevel, ...] = ("tito", "carmen", "luna")
+
+
+async def connect(url: str) -> AbstractRobustConnection:
+    """A connection that reconnects by itself and restores its channels and queues."""
+    return await aio_pika.connect_robust(url, client_properties={"connection_name": "gin"})
+
+
+async def declare_topology(channel: AbstractChannel, prefix: str) -> dict[str, AbstractExchange]:
+    """Declare the exchanges and shared queues (idempotent); the exchanges by unprefixed name.
+
+    Poison messages of the command and bot queues go to the dead-letter queue.
+    """
+    dead = await channel.declare_exchange(
+        prefix + DEAD_LETTER, aio_pika.ExchangeType.FANOUT, durable=True
+    )
+    dead_queue = await channel.declare_queue(prefix + DEAD_LETTER, durable=True)
+    await dead_queue.bind(dead)
+    events = await channel.declare_exchange(
+        prefix + EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+    )
+    bots = await channel.declare_exchange(
+        prefix + BOTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+    )
+    work_queue_args: dict[str, object] = {
+        "x-queue-type": "quorum",
+        "x-dead-letter-exchange": prefix + DEAD_LETTER,
+    }
+    await channel.declare_queue(
+        prefix + COMMANDS_QUEUE,
+        durable=True,
+        arguments=work_queue_args,  # type: ignore[arg-type]
+    )
+    for level in BOT_LEVELS:
+        queue = await channel.declare_queue(
+            prefix + bot_queue(level),
+            durable=True,
+            arguments=work_queue_args,  # type: ignore[arg-type]
+        )
+        await queue.bind(bots, bot_key(level))
+    return {EVENTS_EXCHANGE: events, BOTS_EXCHANGE: bots, DEAD_LETTER: dead}
+
+
+async def delete_topology(channel: AbstractChannel, prefix: str) -> None:
+    """Remove what ``declare_topology`` made (test runs clean up their prefix)."""
+    for queue in [COMMANDS_QUEUE, DEAD_LETTER, *(bot_queue(level) for level in BOT_LEVELS)]:
+        await channel.queue_delete(prefix + queue)
+    for exchange in (EVENTS_EXCHANGE, BOTS_EXCHANGE, DEAD_LETTER):
+        await channel.exchange_delete(prefix + exchange)

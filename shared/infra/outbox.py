@@ -1,0 +1,159 @@
+"""The outbox relay: publishes committed outbox rows with publisher confirms, in order.
+
+Woken by NOTIFY, with a polling fallback. One relay publishes at a time (a transaction-level
+advisory lock), so any number of replicas run it without duplicating or reordering a table's
+events; a row is marked published only after the broker confirmed it. While the broker is
+down nothing is marked, and the rows go out, in order, once it is back (at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import zlib
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import structlog
+from aio_pika.abc import AbstractExchange
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from shared.infra.db import Conn
+
+log = structlog.get_logger()
+SQL_DIR = Path(__file__).parent / "sql"
+NOTIFY_CHANNEL = "gin_outbox"
+
+
+async def add(conn: Conn, exchange: str, routing_key: str, body: bytes, message_id: str) -> None:
+    """Append one message to the outbox of the caller's transaction."""
+    await conn.execute(
+        "INSERT INTO outbox (exchange, routing_key, body, message_id) VALUES ($1, $2, $3, $4)",
+        exchange,
+        routing_key,
+        body,
+        message_id,
+    )
+
+
+async def add_many(conn: Conn, rows: list[tuple[str, str, bytes, str]]) -> None:
+    """Append messages (exchange, routing key, body, message id) and wake the relay."""
+    if not rows:
+        return
+    await conn.executemany(
+        "INSERT INTO outbox (exchange, routing_key, body, message_id) VALUES ($1, $2, $3, $4)",
+        rows,
+    )
+    await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
+
+
+class RelayMetrics:
+    """What the relay reports on /metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.published = Counter(
+            "gin_outbox_published", "Outbox messages published", registry=registry
+        )
+        self.lag = Gauge(
+            "gin_outbox_lag_seconds",
+            "Age of the oldest unpublished outbox message when the relay last looked",
+            registry=registry,
+        )
+        self.failures = Counter(
+            "gin_outbox_publish_failures", "Relay batches that failed to publish", registry=registry
+        )
+
+
+class OutboxRelay:
+    """Publishes one schema's outbox. ``run`` until cancelled."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        schema: str,
+        exchanges: Mapping[str, AbstractExchange],
+        prefix: str,
+        metrics: RelayMetrics,
+        batch: int = 500,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.pool = pool
+        self.exchanges = exchanges
+        self.prefix = prefix
+        self.metrics = metrics
+        self.batch = batch
+        self.poll_s = poll_s
+        self.lock_key = zlib.crc32(f"relay:{schema}".encode())
+        self.wake = asyncio.Event()
+
+    async def run(self) -> None:
+        """Relay until cancelled; survive database and broker outages."""
+        backoff = 0.1
+        while True:
+            try:
+                async with self.pool.acquire() as listener:
+                    await listener.add_listener(NOTIFY_CHANNEL, self._notified)
+                    try:
+                        await self._loop()
+                    finally:
+                        await listener.remove_listener(NOTIFY_CHANNEL, self._notified)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.metrics.failures.inc()
+                log.warning("outbox_relay_failed", error=repr(exc), retry_in_s=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _notified(self, *_: object) -> None:
+        self.wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            self.wake.clear()
+            sent = await self.relay_once()
+            if sent < self.batch:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.poll_s)
+
+    async def relay_once(self) -> int:
+        """Publish one batch if this relay holds the lock; how many were published."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", self.lock_key):
+                return 0
+            rows = await conn.fetch(
+                "SELECT id, exchange, routing_key, body, message_id, created_at FROM outbox"
+                " WHERE published_at IS NULL ORDER BY id LIMIT $1",
+                self.batch,
+            )
+            if not rows:
+                self.metrics.lag.set(0)
+                return 0
+            oldest: datetime = rows[0]["created_at"]
+            now = await conn.fetchval("SELECT now()")
+            self.metrics.lag.set((now - oldest).total_seconds())
+            # One channel keeps the publish order; the confirms are awaited together.
+            await asyncio.gather(
+                *(
+                    self.exchanges[row["exchange"]].publish(
+                        aio_pika.Message(
+                            row["body"],
+                            message_id=row["message_id"],
+                            content_type="application/json",
+                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        ),
+                        routing_key=row["routing_key"],
+                        mandatory=False,
+                    )
+                    for row in rows
+                )
+            )
+            await conn.execute(
+                "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
+                [row["id"] for row in rows],
+            )
+            self.metrics.published.inc(len(rows))
+            return len(rows)

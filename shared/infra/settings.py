@@ -1,0 +1,56 @@
+"""Settings from the environment: every field ``x`` is read from ``GIN_X`` (DESIGN.md 6).
+
+One Struct for every service, so the deployment manifests can be checked against it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+import msgspec
+
+ENV_PREFIX = "GIN_"
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a service reads from its environment, with local defaults."""
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    prefix: str = ""  # put before every exchange and queue name (tests, shared brokers)
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    public_url: str = "http://127.0.0.1:8080"  # where invitation links point
+    auth_secret: str = "dev-only-secret-change-me-before-production"
+    dev_tokens: bool = False  # POST /v1/dev/tokens exists only when true
+    absence_after_s: float = 48 * 3600.0
+    expiry_after_s: float = 7 * 86400.0
+    bot_think_s: float = 1.0
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "info"
+    db_pool_size: int = 10
+    relay_batch: int = 500
+    relay_poll_s: float = 1.0
+    shutdown_grace_s: float = 10.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from ``GIN_*`` variables (strings converted), then ``overrides``."""
+        env = os.environ if environ is None else environ
+        raw: dict[str, object] = {
+            name: env[env_name(name)] for name in cls.__struct_fields__ if env_name(name) in env
+        }
+        raw.update(overrides)
+        return msgspec.convert(raw, cls, strict=False)
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a settings field."""
+    return ENV_PREFIX + field.upper()
+
+
+def env_names() -> list[str]:
+    """Every environment variable the services read."""
+    return [env_name(f) for f in Settings.__struct_fields__]
