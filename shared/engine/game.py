@@ -163,7 +163,7 @@ def _playing(state: GameState) -> None:
 
 
 def _card_in_hand(hand: HandState, seat: int, text: str) -> int:
-    card = parse_card(text)
+    card = int(parse_card(text))  # plain ints in the state, which is stored as it is
     if not hand.hands[seat] >> card & 1:
         raise IllegalAction("card_not_in_hand", f"{card} is not in your hand", "R5.2")
     return card
@@ -304,12 +304,12 @@ def _knock_discard(hand: HandState, seat: int, cmd: c.Knock, in_melds: int) -> t
         return card, False
     forbidden = 0 if hand.taken == NO_CARD else 1 << hand.taken
     if cmd.melds is None:
-        return best_discard(mask, forbidden)[0], True
+        return int(best_discard(mask, forbidden)[0]), True
     # melds sent without a card: the discard is the R6.5-preferred card outside them
     free = cards_of(mask & ~in_melds & ~forbidden)
     if not free:
         raise IllegalAction("no_knock_discard", "every card is in the melds sent", "R6.1")
-    return discard_order(free)[0], True
+    return int(discard_order(free)[0]), True
 
 
 def _sent_melds(hand: HandState, seat: int, melds: list[list[str]]) -> list[int]:

@@ -1,0 +1,135 @@
+"""Servers for the tests that need them: real PostgreSQL and RabbitMQ, never mocks.
+
+The servers come from the settings (``GIN_DATABASE_URL``, ``GIN_AMQP_URL``); else from
+testcontainers when a Docker engine answers; else from ``scripts/servers.py`` (the standard
+local ports, or throwaway servers it installs and starts). Every run gets its own database
+and its own exchange and queue prefix, so runs never collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import pytest
+
+from shared.infra import amqp
+from shared.infra.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+STATE_DIR = ROOT / ".run" / "servers"
+
+
+def _docker_engine_answers() -> bool:
+    if not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
+        return False
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=2)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _from_servers_script() -> tuple[str, str]:
+    env_file = STATE_DIR / "servers.env"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "servers.py"),
+            "ensure",
+            "--state-dir",
+            str(STATE_DIR),
+            "--env-file",
+            str(env_file),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    values = {}
+    for line in env_file.read_text().splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export ") :].partition("=")
+            values[name] = value.strip("'\"")
+    return values["GIN_DATABASE_URL"], values["GIN_AMQP_URL"]
+
+
+@pytest.fixture(scope="session")
+def server_urls() -> Iterator[tuple[str, str]]:
+    """An admin PostgreSQL URL and an AMQP URL for this run."""
+    db_url, amqp_url = os.environ.get("GIN_DATABASE_URL"), os.environ.get("GIN_AMQP_URL")
+    if db_url and amqp_url:
+        yield db_url, amqp_url
+    elif _docker_engine_answers():
+        from testcontainers.postgres import PostgresContainer
+        from testcontainers.rabbitmq import RabbitMqContainer
+
+        with PostgresContainer("postgres:15", driver=None) as pg, RabbitMqContainer() as mq:
+            host, port = mq.get_container_host_ip(), mq.get_exposed_port(5672)
+            yield pg.get_connection_url(), f"amqp://guest:guest@{host}:{port}/"
+    else:
+        yield _from_servers_script()
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    """A short id naming this run's database and broker prefix."""
+    return uuid.uuid4().hex[:10]
+
+
+def _with_database(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session")
+def database_url(server_urls: tuple[str, str], run_id: str) -> Iterator[str]:
+    """This run's own database, dropped at the end."""
+    admin = server_urls[0]
+    name = f"gin_test_{run_id}"
+
+    async def run(sql: str) -> None:
+        conn = await asyncpg.connect(admin)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run(f'CREATE DATABASE "{name}"'))
+    yield _with_database(admin, name)
+    asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str, server_urls: tuple[str, str], run_id: str) -> Iterator[Settings]:
+    """Settings of this run: its database, its broker prefix, short waits."""
+    prefix = f"test-{run_id}."
+    yield Settings(
+        database_url=database_url,
+        amqp_url=server_urls[1],
+        prefix=prefix,
+        dev_tokens=True,
+        bot_think_s=0.0,
+        relay_poll_s=0.2,
+        log_format="console",
+        log_level="warning",
+        auth_secret="test-secret-that-is-long-enough-for-hs256",
+    )
+
+    async def cleanup() -> None:
+        connection = await aio_pika.connect(server_urls[1])
+        async with connection:
+            await amqp.delete_topology(await connection.channel(), prefix)
+
+    asyncio.run(cleanup())

@@ -1,0 +1,96 @@
+"""A whole match between two people over HTTP; its events on RabbitMQ once per seq, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import aio_pika
+import msgspec
+
+from shared.contracts.envelope import envelope_decoder
+from shared.contracts.names import EVENTS_EXCHANGE
+from shared.infra.settings import Settings
+from tests.table.conftest import Api
+
+
+async def play_to_the_end(api: Api, table_id: str, tokens: list[str], seed: int) -> dict:
+    """Both seats play from ``legal`` (never resigning) until the match ends."""
+    rng = random.Random(seed)
+    view = await api.view(table_id, tokens[0])
+    for _ in range(5000):
+        if view["status"] != "playing":
+            return view
+        seat = view["hand"]["to_act"] if view["hand"] else view["you"]
+        if view["you"] != seat:
+            view = await api.view(table_id, tokens[seat])
+        moves = [m for m in view["legal"] if m["type"] not in ("resign", "leave", "claim_absence")]
+        knocks = [m for m in moves if m["type"] in ("knock", "big_gin")]
+        best = view["hand"] and view["hand"]["my_arrangement"].get("discard")
+        if knocks:
+            move = rng.choice(knocks)
+        elif best and rng.random() < 0.8:  # mostly the SOBRA's discard, so hands end
+            move = {"type": "discard", "card": best}
+        else:
+            move = rng.choice(moves)
+        status, body = await api.command(table_id, tokens[seat], **move)
+        assert status == 200, body
+        view = body["view"]
+    raise AssertionError("the match did not end")
+
+
+async def test_whole_match_over_http_with_every_event_once_in_order(
+    api: Api, settings: Settings
+) -> None:
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        exchange = await channel.get_exchange(settings.prefix + EVENTS_EXCHANGE)
+        queue = await channel.declare_queue(exclusive=True)
+        table_id, a, b = await api.table_for_two({"target": 30})
+        await queue.bind(exchange, f"table.{table_id}.*")
+        final = await play_to_the_end(api, table_id, [a, b], seed=3)
+        assert final["status"] == "match_over"
+        assert final["match"]["result"]["reason"] == "target"
+        winner = final["match"]["result"]["winner"]
+        assert final["match"]["scores"][winner] >= 30
+
+        logged: list[dict] = []
+        while True:  # the log comes in pages
+            status, page = await api.call(
+                "GET", f"/v1/tables/{table_id}/events?after={len(logged)}"
+            )
+            assert status == 200
+            if not page:
+                break
+            logged += page
+        last_seq = logged[-1]["seq"]
+        assert [e["seq"] for e in logged] == list(range(1, last_seq + 1))
+
+        # The queue was bound after the table was created and joined: it gets the rest.
+        first_bound = next(e["seq"] for e in logged if e["data"]["type"] == "hand_started") + 1
+        received: list[int] = []
+        deadline = asyncio.get_running_loop().time() + 20
+        while (
+            not received or received[-1] < last_seq
+        ) and asyncio.get_running_loop().time() < deadline:
+            message = await queue.get(fail=False, timeout=5)
+            if message is None:
+                await asyncio.sleep(0.1)
+                continue
+            await message.ack()
+            envelope = envelope_decoder.decode(message.body)
+            assert envelope.table_id == table_id
+            if not received or envelope.seq != received[-1]:  # at-least-once: skip a repeat
+                received.append(envelope.seq)
+        assert received == list(range(received[0], last_seq + 1))
+        assert received[0] <= first_bound
+        by_seq = {e["seq"]: e for e in logged}
+        ended = [e for e in logged if e["data"]["type"] == "hand_ended"]
+        assert ended, "no hand ended"
+        status, record = await api.call(
+            "GET", f"/v1/tables/{table_id}/hands/{ended[0]['data']['hand']}"
+        )
+        assert status == 200
+        assert record == ended[0]["data"]
+        assert msgspec.json.encode(by_seq[last_seq]["data"]["type"]) == b'"match_ended"'
