@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: dev test check fmt bench venv clean
+.PHONY: dev test check fmt bench venv clean servers servers-stop
 
 venv: $(STAMP)
 
@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml
 
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+servers: venv
+	$(BIN)/python scripts/servers.py ensure --state-dir .run/servers --env-file .run/servers.env
+
+servers-stop:
+	$(PYTHON) scripts/servers.py stop --state-dir .run/servers
 
 check: venv
 	$(BIN)/ruff check .
@@ -30,7 +36,7 @@ bench: venv
 	$(BIN)/python -m bench
 
 dev: venv
-	@echo "make dev: the services arrive with the table service (issue 3); the engine is in shared/engine."
+	$(BIN)/python scripts/dev.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -91,7 +91,12 @@ def random_hands_per_second(seconds: float, rng: random.Random) -> None:
             steps += 1
         hands += 1
     elapsed = time.perf_counter() - start
-    emit(bench="random_hands", per_s=round(hands / elapsed, 1), steps_per_hand=round(steps / hands, 1), n=hands)
+    emit(
+        bench="random_hands",
+        per_s=round(hands / elapsed, 1),
+        steps_per_hand=round(steps / hands, 1),
+        n=hands,
+    )
 
 
 def views_per_second(seconds: float, rng: random.Random) -> None:

@@ -89,12 +89,31 @@ async def insert_table(conn: Conn, row: TableRow) -> None:
     )
 
 
-async def lock_table(conn: Conn, table_id: str) -> TableRow | None:
-    """The table, locked for this transaction (every command goes through here)."""
+class Locked(msgspec.Struct, kw_only=True):
+    """A table locked for one command, with what the command needs to know in the same trip."""
+
+    row: TableRow
+    prior: str | None  # the stored result of this command_id, if it ran already
+    deck_design: str | None  # the caller's
+
+
+async def lock_for_command(
+    conn: Conn, table_id: str, command_id: str | None = None, player_id: str | None = None
+) -> Locked | None:
+    """Lock the table for this transaction; with it, a prior result and the deck design."""
     record = await conn.fetchrow(
-        f"SELECT {_COLUMNS} FROM tables WHERE table_id = $1 FOR UPDATE", table_id
+        f"SELECT {_COLUMNS},"
+        " (SELECT result::text FROM commands c WHERE c.table_id = t.table_id"
+        "  AND c.command_id = $2) AS prior,"
+        " (SELECT deck_design FROM preferences WHERE player_id = $3) AS design"
+        " FROM tables t WHERE table_id = $1 FOR UPDATE OF t",
+        table_id,
+        command_id,
+        player_id,
     )
-    return None if record is None else _row(record)
+    if record is None:
+        return None
+    return Locked(row=_row(record), prior=record["prior"], deck_design=record["design"])
 
 
 async def read_table(conn: Conn, table_id: str) -> TableRow | None:
@@ -103,11 +122,47 @@ async def read_table(conn: Conn, table_id: str) -> TableRow | None:
     return None if record is None else _row(record)
 
 
-async def update_table(conn: Conn, row: TableRow) -> None:
-    """Store a table's new seats, status, state, version and seq."""
+class Change(msgspec.Struct, kw_only=True):
+    """Everything one command writes, saved in one statement (one round trip)."""
+
+    row: TableRow
+    envelopes: list[Envelope]
+    outbox: list[tuple[str, str, bytes, str]]  # exchange, routing key, body, message id
+    hands: list[tuple[int, bytes]] = []  # finished hands: number, record
+    command_id: str | None = None
+    actor: str | None = None
+    result: bytes | None = None
+
+
+_SAVE = """
+WITH moved AS (
+    UPDATE tables SET seats = $2::jsonb, status = $3, state = $4, version = $5, seq = $6,
+        last_move_at = $7
+    WHERE table_id = $1
+), logged AS (
+    INSERT INTO events (table_id, seq, type, envelope)
+    SELECT $1, x.seq, x.type, x.envelope::jsonb
+    FROM unnest($8::bigint[], $9::text[], $10::text[]) AS x(seq, type, envelope)
+), queued AS (
+    INSERT INTO outbox (exchange, routing_key, body, message_id)
+    SELECT * FROM unnest($11::text[], $12::text[], $13::bytea[], $14::text[])
+), answered AS (
+    INSERT INTO commands (table_id, command_id, actor, result)
+    SELECT $1, $15, $16, $17::jsonb WHERE $15::text IS NOT NULL
+), recorded AS (
+    INSERT INTO hands (table_id, hand, record)
+    SELECT $1, h.hand, h.record::jsonb FROM unnest($18::int[], $19::text[]) AS h(hand, record)
+)
+SELECT pg_notify('gin_outbox', '')
+"""
+
+
+async def save_change(conn: Conn, change: Change) -> None:
+    """Store a table's new state, its events, outbox messages, hand records and the command's
+    result, and wake the outbox relay: all in one statement."""
+    row = change.row
     await conn.execute(
-        "UPDATE tables SET seats = $2::jsonb, status = $3, state = $4, version = $5, seq = $6,"
-        " last_move_at = $7 WHERE table_id = $1",
+        _SAVE,
         row.table_id,
         _json.encode(row.seats).decode(),
         row.status,
@@ -115,14 +170,18 @@ async def update_table(conn: Conn, row: TableRow) -> None:
         row.version,
         row.seq,
         row.last_move_at,
-    )
-
-
-async def insert_events(conn: Conn, envelopes: list[Envelope]) -> None:
-    """Append events to their tables' logs."""
-    await conn.executemany(
-        "INSERT INTO events (table_id, seq, type, envelope) VALUES ($1, $2, $3, $4::jsonb)",
-        [(e.table_id, e.seq, e.type, _json.encode(e).decode()) for e in envelopes],
+        [e.seq for e in change.envelopes],
+        [e.type for e in change.envelopes],
+        [_json.encode(e).decode() for e in change.envelopes],
+        [m[0] for m in change.outbox],
+        [m[1] for m in change.outbox],
+        [m[2] for m in change.outbox],
+        [m[3] for m in change.outbox],
+        change.command_id,
+        change.actor,
+        None if change.result is None else change.result.decode(),
+        [h[0] for h in change.hands],
+        [h[1].decode() for h in change.hands],
     )
 
 
@@ -137,45 +196,12 @@ async def events_after(conn: Conn, table_id: str, after: int, limit: int) -> lis
     return [r[0] for r in rows]
 
 
-async def insert_hand(conn: Conn, table_id: str, hand: int, record: bytes) -> None:
-    """Keep a finished hand's record."""
-    await conn.execute(
-        "INSERT INTO hands (table_id, hand, record) VALUES ($1, $2, $3::jsonb)",
-        table_id,
-        hand,
-        record.decode(),
-    )
-
-
 async def hand_record(conn: Conn, table_id: str, hand: int) -> str | None:
     """A finished hand's record as JSON."""
     value: str | None = await conn.fetchval(
         "SELECT record::text FROM hands WHERE table_id = $1 AND hand = $2", table_id, hand
     )
     return value
-
-
-async def prior_result(conn: Conn, table_id: str, command_id: str) -> str | None:
-    """The stored result of a command already applied, as JSON."""
-    value: str | None = await conn.fetchval(
-        "SELECT result::text FROM commands WHERE table_id = $1 AND command_id = $2",
-        table_id,
-        command_id,
-    )
-    return value
-
-
-async def insert_result(
-    conn: Conn, table_id: str, command_id: str, actor: str, result: bytes
-) -> None:
-    """Remember a command's result, so a repeat returns it and changes nothing."""
-    await conn.execute(
-        "INSERT INTO commands (table_id, command_id, actor, result) VALUES ($1, $2, $3, $4::jsonb)",
-        table_id,
-        command_id,
-        actor,
-        result.decode(),
-    )
 
 
 async def deck_design(conn: Conn, player_id: str) -> str | None:

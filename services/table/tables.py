@@ -19,7 +19,7 @@ from services.table import store
 from services.table.store import TableRow
 from shared.contracts import commands as c
 from shared.contracts.api import BotTurn, CommandResult, TableCreatedResponse
-from shared.contracts.envelope import Envelope, wrap
+from shared.contracts.envelope import wrap
 from shared.contracts.events import (
     AnyEvent,
     BotLevel,
@@ -34,7 +34,6 @@ from shared.contracts.options import TableOptions
 from shared.contracts.views import TableStatus, TableView
 from shared.engine import IllegalAction, Timing, apply, deal, expire, legal, new_game, view
 from shared.engine.state import GameState
-from shared.infra import outbox
 from shared.infra.auth import Identity
 from shared.infra.db import Conn
 
@@ -157,7 +156,7 @@ class Tables:
             TableCreated(options=options, creator=creator),
             SeatTaken(seat=0, player=creator),
         ]
-        await self._record(conn, row, events)
+        await store.save_change(conn, self._change(row, events))
         design = await store.deck_design(conn, identity.id)
         return TableCreatedResponse(
             table_id=row.table_id,
@@ -169,7 +168,8 @@ class Tables:
 
     async def join(self, conn: Conn, table_id: str, identity: Identity, code: str) -> CommandResult:
         """Take the free seat with the invitation code; the match starts (R10.1)."""
-        row = await self._lock(conn, table_id)
+        locked = await self._lock(conn, table_id, player=identity.id)
+        row = locked.row
         if not secrets.compare_digest(code, row.invite_code):
             raise Refused(403, "bad_invite_code", "this invitation code is not this table's")
         if row.seat_of(identity.id) is not None:
@@ -178,21 +178,24 @@ class Tables:
             raise Refused(
                 409, "seat_taken", "both seats are taken: you can watch this table", "R10.1"
             )
-        return await self._sit(conn, row, Player(id=identity.id, name=identity.name), identity)
+        player = Player(id=identity.id, name=identity.name)
+        return await self._sit(conn, row, player, identity, locked.deck_design)
 
     async def seat_bot(
         self, conn: Conn, table_id: str, identity: Identity, level: BotLevel
     ) -> CommandResult:
         """The creator fills the free seat with a bot; the match starts (R10.1)."""
-        row = await self._lock(conn, table_id)
+        locked = await self._lock(conn, table_id, player=identity.id)
+        row = locked.row
         if row.creator_id != identity.id:
             raise Refused(403, "not_creator", "only the table's creator seats a bot", "R10.1")
         if row.status != "waiting":
             raise Refused(409, "seat_taken", "both seats are taken", "R10.1")
-        return await self._sit(conn, row, Player(name=BOT_NAMES[level], bot=level), identity)
+        bot = Player(name=BOT_NAMES[level], bot=level)
+        return await self._sit(conn, row, bot, identity, locked.deck_design)
 
     async def _sit(
-        self, conn: Conn, row: TableRow, player: Player, caller: Identity
+        self, conn: Conn, row: TableRow, player: Player, caller: Identity, design: str | None
     ) -> CommandResult:
         row.seats[1] = player
         timing = self.timing()
@@ -201,23 +204,21 @@ class Tables:
         state, dealt = self._deal_if_due(state, timing)
         row.state = state
         row.status = "playing"
-        envelopes = await self._record(conn, row, [*events, *dealt])
-        seat = row.seat_of(caller.id)
-        design = await store.deck_design(conn, caller.id)
-        return CommandResult(
-            version=row.version, events=envelopes, view=self.table_view(row, seat, design)
-        )
+        change = self._change(row, [*events, *dealt])
+        await store.save_change(conn, change)
+        view = self.table_view(row, row.seat_of(caller.id), design)
+        return CommandResult(version=row.version, events=change.envelopes, view=view)
 
     # --- commands --------------------------------------------------------------------------
 
     async def command(self, conn: Conn, table_id: str, actor: Actor, cmd: c.Command) -> bytes:
         """Apply one command in the caller's transaction; the result as JSON (a repeat of a
         ``command_id`` returns the first result and changes nothing)."""
-        row = await self._lock(conn, table_id)
-        if cmd.command_id is not None:
-            prior = await store.prior_result(conn, table_id, cmd.command_id)
-            if prior is not None:
-                return prior.encode()
+        player = actor.identity.id if actor.identity else None
+        locked = await self._lock(conn, table_id, cmd.command_id, player)
+        if locked.prior is not None:
+            return locked.prior.encode()
+        row = locked.row
         if cmd.expected_version is not None and cmd.expected_version != row.version:
             raise Refused(
                 409,
@@ -226,15 +227,14 @@ class Tables:
             )
         seat = self._seat(row, actor, cmd)
         events = self._apply(row, seat, cmd)
-        envelopes = await self._record(conn, row, events)
-        design = await store.deck_design(conn, actor.identity.id) if actor.identity else None
+        change = self._change(row, events)
+        view = self.table_view(row, seat, locked.deck_design)
         result = _json.encode(
-            CommandResult(
-                version=row.version, events=envelopes, view=self.table_view(row, seat, design)
-            )
+            CommandResult(version=row.version, events=change.envelopes, view=view)
         )
         if cmd.command_id is not None:
-            await store.insert_result(conn, table_id, cmd.command_id, actor.label, result)
+            change.command_id, change.actor, change.result = cmd.command_id, actor.label, result
+        await store.save_change(conn, change)
         return result
 
     def _seat(self, row: TableRow, actor: Actor, cmd: c.Command) -> int | None:
@@ -299,17 +299,19 @@ class Tables:
 
     # --- recording a change -----------------------------------------------------------------
 
-    async def _lock(self, conn: Conn, table_id: str) -> TableRow:
-        row = await store.lock_table(conn, table_id)
-        if row is None:
+    async def _lock(
+        self, conn: Conn, table_id: str, command_id: str | None = None, player: str | None = None
+    ) -> store.Locked:
+        locked = await store.lock_for_command(conn, table_id, command_id, player)
+        if locked is None:
             raise Refused(404, "no_such_table", f"there is no table {table_id!r}")
-        return row
+        return locked
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
 
-    async def _record(self, conn: Conn, row: TableRow, events: list[AnyEvent]) -> list[Envelope]:
-        """Store the new state and its events, hand records and outbox messages."""
+    def _change(self, row: TableRow, events: list[AnyEvent]) -> store.Change:
+        """The new version and seqs, the envelopes, hand records and outbox messages."""
         now = self._now()
         envelopes = []
         for event in events:
@@ -317,32 +319,16 @@ class Tables:
             envelopes.append(wrap(row.table_id, row.seq, event, now))
         row.version += 1
         row.last_move_at = now
-        await store.update_table(conn, row)
-        await store.insert_events(conn, envelopes)
-        for event in events:
-            if isinstance(event, HandEnded):
-                await store.insert_hand(conn, row.table_id, event.hand, _json.encode(event))
         messages = [
-            (
-                EVENTS_EXCHANGE,
-                table_event_key(row.table_id, e.type),
-                _json.encode(e),
-                str(e.id),
-            )
+            (EVENTS_EXCHANGE, table_event_key(row.table_id, e.type), _json.encode(e), str(e.id))
             for e in envelopes
         ]
         turn = self._bot_turn(row)
         if turn is not None:
-            messages.append(
-                (
-                    BOTS_EXCHANGE,
-                    bot_key(turn.level),
-                    _json.encode(turn),
-                    f"{row.table_id}:{row.version}:bot",
-                )
-            )
-        await outbox.add_many(conn, messages)
-        return envelopes
+            message_id = f"{row.table_id}:{row.version}:bot"
+            messages.append((BOTS_EXCHANGE, bot_key(turn.level), _json.encode(turn), message_id))
+        hands = [(e.hand, _json.encode(e)) for e in events if isinstance(e, HandEnded)]
+        return store.Change(row=row, envelopes=envelopes, outbox=messages, hands=hands)
 
     def _bot_turn(self, row: TableRow) -> BotTurn | None:
         """The bot seat's turn message, when a bot has a decision (R11.4: its view only)."""

@@ -62,6 +62,7 @@ class Hub:
         self.tables = tables
         self.prefix = prefix
         self.clients: dict[str, set[Client]] = {}
+        self.pending: dict[str, list[Envelope]] = {}  # events of a burst, by table
         self.channel: AbstractChannel | None = None
         self.queue: AbstractQueue | None = None
         self.exchange: AbstractExchange | None = None
@@ -75,7 +76,8 @@ class Hub:
         await self.channel.set_qos(prefetch_count=256)
         self.exchange = await self.channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
         self.queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
-        await self.queue.consume(self._on_message)
+        # No acks: this queue dies with the replica, and a lost event is refilled from the log.
+        await self.queue.consume(self._on_message, no_ack=True)
         connection.reconnect_callbacks.add(self._on_reconnect)
 
     async def attach(self, table_id: str, client: Client) -> None:
@@ -112,13 +114,12 @@ class Hub:
         )
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        async with message.process(requeue=False):
-            try:
-                envelope = envelope_decoder.decode(message.body)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.warning("ws_event_undecodable", error=str(exc))
-                return
-            await self.deliver(envelope)
+        try:
+            envelope = envelope_decoder.decode(message.body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("ws_event_undecodable", error=str(exc))
+            return
+        await self.deliver(envelope)
 
     def _on_reconnect(self, *_: object) -> None:
         asyncio.get_running_loop().create_task(self.resync())
@@ -139,9 +140,16 @@ class Hub:
                     client.last_chat_seq = envelope.seq
                     await _send(client, WsEvent(event=envelope))
             return
-        await self.deliver_missed(envelope.table_id, envelope)
+        pending = self.pending.setdefault(envelope.table_id, [])
+        pending.append(envelope)
+        if len(pending) == 1:  # the first of a burst: one table read serves them all
+            await asyncio.sleep(0)
+            burst = self.pending.pop(envelope.table_id)
+            await self.deliver_missed(envelope.table_id, max(burst, key=lambda e: e.seq), burst)
 
-    async def deliver_missed(self, table_id: str, envelope: Envelope | None) -> None:
+    async def deliver_missed(
+        self, table_id: str, envelope: Envelope | None, burst: list[Envelope] | None = None
+    ) -> None:
         """Send each client its unsent table events up to ``envelope`` (all, if None)."""
         watchers = self.clients.get(table_id)
         if not watchers:
@@ -153,12 +161,13 @@ class Hub:
             oldest = min(c.last_seq for c in watchers)
             upto = row.seq if envelope is None else envelope.seq
             missed: list[Envelope] = []
-            if oldest + 1 < upto or envelope is None:
+            have = {e.seq for e in burst or ()}
+            if envelope is None or any(q not in have for q in range(oldest + 1, upto + 1)):
                 raw = await store.events_after(conn, table_id, oldest, GAP_FILL_LIMIT)
                 missed = [envelope_decoder.decode(r) for r in raw]
         events = {e.seq: e for e in missed if e.seq <= upto}
-        if envelope is not None:
-            events[envelope.seq] = envelope
+        for e in burst or ():
+            events[e.seq] = e
         views: dict[int | None, TableView] = {}
         for client in list(watchers):
             seat = row.seat_of(client.identity.id if client.identity else None)
