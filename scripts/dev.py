@@ -66,7 +66,8 @@ def main() -> int:
         "\nSelminha Gin is running:\n"
         "  table service  http://127.0.0.1:8080   (chat on :8081 when present)\n"
         '  a token:       curl -s -XPOST localhost:8080/v1/dev/tokens -d \'{"name": "Ana"}\'\n'
-        "  a table:       curl -s -XPOST localhost:8080/v1/tables -H 'Authorization: Bearer TOKEN'\n"
+        "  a table:       curl -s -XPOST localhost:8080/v1/tables \\\n"
+        "                   -H 'Authorization: Bearer TOKEN'\n"
         "  Ctrl-C stops everything.\n",
         flush=True,
     )

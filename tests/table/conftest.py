@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import aio_pika
+import aio_pika.abc
+import aiohttp
+import asyncpg
 import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from services.table.app import create_app
+from shared.engine import CARDS, parse_card
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
 
@@ -111,3 +118,210 @@ async def table_client(settings: Settings, clock: Clock) -> AsyncIterator[TestCl
 @pytest.fixture
 async def api(table_client: TestClient, settings: Settings) -> Api:
     return Api(table_client, settings)
+
+
+# --- helpers for the table service's integration tests --------------------------------------
+
+CARD_TEXTS: tuple[str, ...] = tuple(str(card) for card in CARDS)
+ALL_CARDS: frozenset[str] = frozenset(CARD_TEXTS)
+Deal = tuple[list[int], str, int]
+
+
+def crafted_deck(
+    non_dealer: list[str], dealer: list[str], upcard: str, stock: list[str] | tuple[str, ...] = ()
+) -> list[int]:
+    """A deck that deals these cards (R3.1): deck[0], deck[2], ... to the non-dealer, deck[1],
+    deck[3], ... to the dealer, deck[20] face up, then ``stock`` from the top, then the rest of
+    the cards in canonical order."""
+    assert len(non_dealer) == 10
+    assert len(dealer) == 10
+    head = [x for pair in zip(non_dealer, dealer, strict=True) for x in pair]
+    head += [upcard, *stock]
+    cards = [int(parse_card(text)) for text in head]
+    assert len(set(cards)) == len(cards), "a card twice in a crafted deck"
+    return cards + [card for card in range(52) if card not in cards]
+
+
+class ScriptedShuffle:
+    """Deals the given (deck, salt, lot) first, then seeded ones; remembers every deal."""
+
+    def __init__(self, deals: list[Deal] | None = None, seed: int = 7) -> None:
+        self.queue = list(deals or [])
+        self.seeded = SeededShuffle(seed)
+        self.dealt: list[Deal] = []
+
+    def __call__(self) -> Deal:
+        deal = self.queue.pop(0) if self.queue else self.seeded()
+        self.dealt.append(deal)
+        return deal
+
+
+@contextlib.asynccontextmanager
+async def open_api(
+    settings: Settings, clock: Callable[[], float] | None = None, shuffle: Any = None
+) -> AsyncIterator[Api]:
+    """Another instance of the real app (own clock, shuffle or settings) with its client."""
+    app = create_app(
+        settings,
+        clock=clock or Clock(),
+        shuffle=shuffle if shuffle is not None else SeededShuffle(7),
+    )
+    async with TestClient(TestServer(app)) as client:
+        yield Api(client, settings)
+
+
+def assert_error(status: int, body: Any, expected_status: int, code: str, rule: str | None) -> None:
+    """The one error shape (DESIGN.md section 2) with this status, code and rule."""
+    assert status == expected_status, body
+    assert isinstance(body, dict)
+    assert list(body) == ["error"], body
+    assert set(body["error"]) == {"code", "message", "rule"}, body
+    assert body["error"]["code"] == code, body
+    assert body["error"]["rule"] == rule, body
+    assert isinstance(body["error"]["message"], str)
+    assert body["error"]["message"].strip()
+
+
+async def all_events(api: Api, table_id: str, after: int = 0) -> list[dict[str, Any]]:
+    """The public event log of a table from seq ``after`` + 1, every page."""
+    out: list[dict[str, Any]] = []
+    while True:
+        status, page = await api.call("GET", f"/v1/tables/{table_id}/events?after={after}")
+        assert status == 200, page
+        if not page:
+            return out
+        out += page
+        after = page[-1]["seq"]
+
+
+def strings_in(value: Any) -> Iterator[str]:
+    """Every string value inside a JSON value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings_in(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings_in(item)
+
+
+class Tap:
+    """A queue of this test's own, bound to one of the run's exchanges; closed on exit."""
+
+    def __init__(self, settings: Settings, exchange: str, *keys: str) -> None:
+        self.settings = settings
+        self.exchange_name = settings.prefix + exchange
+        self.keys = keys
+        self.connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self.queue: aio_pika.abc.AbstractQueue | None = None
+
+    async def __aenter__(self) -> Tap:
+        self.connection = await aio_pika.connect_robust(self.settings.amqp_url)
+        channel = await self.connection.channel()
+        exchange = await channel.get_exchange(self.exchange_name)
+        self.queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        for key in self.keys:
+            await self.queue.bind(exchange, key)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.connection is not None
+        await self.connection.close()
+
+    async def take(self, wait_s: float = 0.5) -> aio_pika.abc.AbstractIncomingMessage | None:
+        """The next message (acknowledged), or None after ``wait_s`` seconds of silence."""
+        assert self.queue is not None
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            message = await self.queue.get(fail=False)
+            if message is not None:
+                await message.ack()
+                return message
+            if asyncio.get_running_loop().time() >= deadline:
+                return None
+            await asyncio.sleep(0.02)
+
+    async def collect(self, done: Callable[[list[Any]], bool], within_s: float = 15.0) -> list[Any]:
+        """Decoded JSON bodies until ``done(bodies)`` or ``within_s`` seconds have passed."""
+        bodies: list[Any] = []
+        deadline = asyncio.get_running_loop().time() + within_s
+        while not done(bodies) and asyncio.get_running_loop().time() < deadline:
+            message = await self.take(0.5)
+            if message is not None:
+                bodies.append(msgspec.json.decode(message.body))
+        return bodies
+
+    async def drain(self, quiet: float = 0.5) -> list[Any]:
+        """Every message until the queue has been silent for ``quiet`` seconds."""
+        bodies: list[Any] = []
+        while (message := await self.take(quiet)) is not None:
+            bodies.append(msgspec.json.decode(message.body))
+        return bodies
+
+
+async def ws_receive(ws: Any, within_s: float = 10.0) -> dict[str, Any]:
+    """The next JSON message of a WebSocket (fails after ``within_s`` seconds)."""
+    msg = await asyncio.wait_for(ws.receive(), within_s)
+    assert msg.type == aiohttp.WSMsgType.TEXT, msg
+    return msgspec.json.decode(msg.data)  # type: ignore[no-any-return]
+
+
+async def ws_until(
+    ws: Any, done: Callable[[list[dict[str, Any]]], bool], within_s: float = 10.0
+) -> list[dict[str, Any]]:
+    """WebSocket messages until ``done(messages)``; fails if that takes over ``within_s``."""
+    messages: list[dict[str, Any]] = []
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not done(messages):
+        left = deadline - asyncio.get_running_loop().time()
+        assert left > 0, f"timed out; got {messages}"
+        messages.append(await ws_receive(ws, left))
+    return messages
+
+
+async def play_to_the_end(
+    api: Api,
+    table_id: str,
+    tokens: list[str],
+    seed: int,
+    on_step: Callable[[int, dict[str, Any], dict[str, Any]], Awaitable[None]] | None = None,
+    max_steps: int = 5000,
+) -> dict[str, Any]:
+    """Both seats play from ``legal`` (never resigning) until the match ends; mostly the
+    SOBRA's discard and any knock, so hands end. ``on_step(seat, move, result)`` after each."""
+    rng = random.Random(seed)
+    view = await api.view(table_id, tokens[0])
+    for _ in range(max_steps):
+        if view["status"] != "playing":
+            return view
+        seat = view["hand"]["to_act"] if view["hand"] else view["you"]
+        if view["you"] != seat:
+            view = await api.view(table_id, tokens[seat])
+        moves = [m for m in view["legal"] if m["type"] not in ("resign", "leave", "claim_absence")]
+        knocks = [m for m in moves if m["type"] in ("knock", "big_gin")]
+        best = view["hand"] and view["hand"]["my_arrangement"].get("discard")
+        if knocks:
+            move = rng.choice(knocks)
+        elif best and rng.random() < 0.8:
+            move = {"type": "discard", "card": best}
+        else:
+            move = rng.choice(moves)
+        status, body = await api.command(table_id, tokens[seat], **move)
+        assert status == 200, body
+        if on_step is not None:
+            await on_step(seat, move, body)
+        view = body["view"]
+    raise AssertionError("the match did not end")
+
+
+@pytest.fixture
+async def db(settings: Settings, api: Api) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to the table service's schema (the app migrated it)."""
+    conn = await asyncpg.connect(
+        settings.database_url, server_settings={"search_path": "gin_table"}
+    )
+    try:
+        yield conn
+    finally:
+        await conn.close()
