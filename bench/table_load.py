@@ -266,6 +266,8 @@ def main() -> None:
             per_s=round(rate, 1),
             p50_ms=round(p50, 2),
         )
+        if os.environ.get("BENCH_HOLD"):
+            print("BASE", base, flush=True)
         asyncio.run(play(base))
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import uvloop
 from aiohttp import web
 
 from services.table.app import create_app, migrate
@@ -16,6 +17,7 @@ def main() -> None:
     """Run the service until SIGTERM or SIGINT, then drain."""
     settings = Settings.from_env()
     configure(settings.log_format, settings.log_level)
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     if sys.argv[1:] == ["migrate"]:
         asyncio.run(migrate(settings))
         return

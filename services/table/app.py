@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from services.table.consumer import CommandConsumer
 from services.table.http import (
+    COMMITTED,
     METRICS,
     POOL,
     SETTINGS,
@@ -21,6 +22,7 @@ from services.table.http import (
     add_routes,
     refusals,
 )
+from services.table.store import Change
 from services.table.tables import Shuffle, Tables, secure_shuffle
 from services.table.ws import HUB, Hub, add_socket_route
 from shared.infra import amqp, db
@@ -53,6 +55,7 @@ def create_app(
     app[TABLES] = Tables(
         settings.public_url, settings.absence_after_s, settings.expiry_after_s, clock, shuffle
     )
+    app[COMMITTED] = lambda change: _deliver_local(app, change)
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_broker)
     app.on_shutdown.append(_close_sockets)
@@ -91,13 +94,19 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     hub = Hub(app[POOL], app[TABLES], settings.prefix, app[REGISTRY])
     await hub.start(connection)
     app[HUB] = hub
-    await CommandConsumer(app[POOL], app[TABLES], settings.prefix).start(connection)
+    consumer = CommandConsumer(app[POOL], app[TABLES], settings.prefix, app[COMMITTED])
+    await consumer.start(connection)
     task = asyncio.create_task(relay.run(), name="outbox-relay")
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
     await connection.close()
+
+
+async def _deliver_local(app: web.Application, change: Change) -> None:
+    if HUB in app:
+        await app[HUB].deliver_local(change.row, change.envelopes)
 
 
 async def _close_sockets(app: web.Application) -> None:

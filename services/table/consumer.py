@@ -9,12 +9,14 @@ the message back.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import msgspec
 import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
+from services.table.store import Change
 from services.table.tables import Actor, Refused, Tables
 from shared.contracts.api import QueuedCommand
 from shared.contracts.names import COMMANDS_QUEUE
@@ -28,10 +30,17 @@ RETRY_PAUSE_S = 1.0
 class CommandConsumer:
     """Applies queued commands with the table service's own checks."""
 
-    def __init__(self, pool: asyncpg.Pool, tables: Tables, prefix: str) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        tables: Tables,
+        prefix: str,
+        committed: Callable[[Change], Awaitable[None]],
+    ) -> None:
         self.pool = pool
         self.tables = tables
         self.prefix = prefix
+        self.committed = committed
 
     async def start(self, connection: AbstractRobustConnection, prefetch: int = 16) -> None:
         """Start consuming (competing consumers: any number of replicas)."""
@@ -54,7 +63,9 @@ class CommandConsumer:
         actor = Actor(kind=queued.source, seat=queued.seat)
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                await self.tables.command(conn, queued.table_id, actor, queued.command)
+                _, change = await self.tables.command(conn, queued.table_id, actor, queued.command)
+            if change is not None:
+                await self.committed(change)
             log.info(
                 "queued_command_applied", source=queued.source, type=type(queued.command).__name__
             )

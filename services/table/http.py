@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.table import store
+from services.table.store import Change
 from services.table.tables import Actor, Refused, Tables
 from shared.contracts.api import (
     CreateTable,
@@ -36,6 +37,9 @@ T = TypeVar("T")
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 TABLES = web.AppKey("tables", Tables)
+# Called with each committed change: the WebSocket hub delivers it to this replica's clients.
+Committed = Callable[[Change], Awaitable[None]]
+COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
 _json = msgspec.json.Encoder()
 _command_decoder = msgspec.json.Decoder(AnyCommand)
 # Refusals that mean the request itself was malformed rather than untimely.
@@ -139,9 +143,10 @@ async def join_table(request: web.Request) -> web.Response:
     assert identity is not None
     body = await body_of(request, JoinTable)
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        result = await request.app[TABLES].join(
+        result, change = await request.app[TABLES].join(
             conn, request.match_info["id"], identity, body.invite_code
         )
+    await request.app[COMMITTED](change)
     return json_bytes(_json.encode(result))
 
 
@@ -151,9 +156,10 @@ async def seat_bot(request: web.Request) -> web.Response:
     assert identity is not None
     body = await body_of(request, SeatBot)
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        result = await request.app[TABLES].seat_bot(
+        result, change = await request.app[TABLES].seat_bot(
             conn, request.match_info["id"], identity, body.level
         )
+    await request.app[COMMITTED](change)
     return json_bytes(_json.encode(result))
 
 
@@ -178,10 +184,12 @@ async def run_command(request: web.Request, command: Any, identity: Identity) ->
     outcome = "refused"
     try:
         async with app[POOL].acquire() as conn, conn.transaction():
-            result = await app[TABLES].command(
+            result, change = await app[TABLES].command(
                 conn, request.match_info["id"], Actor(kind="person", identity=identity), command
             )
         outcome = "applied"
+        if change is not None:
+            await app[COMMITTED](change)
         return result
     finally:
         app[METRICS].count.labels(kind, outcome).inc()

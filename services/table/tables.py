@@ -166,7 +166,9 @@ class Tables:
             view=self.table_view(row, 0, design),
         )
 
-    async def join(self, conn: Conn, table_id: str, identity: Identity, code: str) -> CommandResult:
+    async def join(
+        self, conn: Conn, table_id: str, identity: Identity, code: str
+    ) -> tuple[CommandResult, store.Change]:
         """Take the free seat with the invitation code; the match starts (R10.1)."""
         locked = await self._lock(conn, table_id, player=identity.id)
         row = locked.row
@@ -183,7 +185,7 @@ class Tables:
 
     async def seat_bot(
         self, conn: Conn, table_id: str, identity: Identity, level: BotLevel
-    ) -> CommandResult:
+    ) -> tuple[CommandResult, store.Change]:
         """The creator fills the free seat with a bot; the match starts (R10.1)."""
         locked = await self._lock(conn, table_id, player=identity.id)
         row = locked.row
@@ -196,7 +198,7 @@ class Tables:
 
     async def _sit(
         self, conn: Conn, row: TableRow, player: Player, caller: Identity, design: str | None
-    ) -> CommandResult:
+    ) -> tuple[CommandResult, store.Change]:
         row.seats[1] = player
         timing = self.timing()
         state, events = new_game(row.options, timing)
@@ -207,17 +209,19 @@ class Tables:
         change = self._change(row, [*events, *dealt])
         await store.save_change(conn, change)
         view = self.table_view(row, row.seat_of(caller.id), design)
-        return CommandResult(version=row.version, events=change.envelopes, view=view)
+        return CommandResult(version=row.version, events=change.envelopes, view=view), change
 
     # --- commands --------------------------------------------------------------------------
 
-    async def command(self, conn: Conn, table_id: str, actor: Actor, cmd: c.Command) -> bytes:
-        """Apply one command in the caller's transaction; the result as JSON (a repeat of a
-        ``command_id`` returns the first result and changes nothing)."""
+    async def command(
+        self, conn: Conn, table_id: str, actor: Actor, cmd: c.Command
+    ) -> tuple[bytes, store.Change | None]:
+        """Apply one command in the caller's transaction: the result as JSON and the change
+        (none for a repeat of a ``command_id``: it returns the first result, changes nothing)."""
         player = actor.identity.id if actor.identity else None
         locked = await self._lock(conn, table_id, cmd.command_id, player)
         if locked.prior is not None:
-            return locked.prior.encode()
+            return locked.prior.encode(), None
         row = locked.row
         if cmd.expected_version is not None and cmd.expected_version != row.version:
             raise Refused(
@@ -235,7 +239,7 @@ class Tables:
         if cmd.command_id is not None:
             change.command_id, change.actor, change.result = cmd.command_id, actor.label, result
         await store.save_change(conn, change)
-        return result
+        return result, change
 
     def _seat(self, row: TableRow, actor: Actor, cmd: c.Command) -> int | None:
         if actor.kind == "timer":

@@ -47,6 +47,7 @@ class Client:
 
     ws: web.WebSocketResponse
     identity: Identity | None
+    deck_design: str | None = None
     last_seq: int = 0
     last_chat_seq: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -127,10 +128,10 @@ class Hub:
     async def resync(self) -> None:
         """After a broker reconnect, send every client what it may have missed."""
         for table_id in list(self.clients):
-            await self.deliver_missed(table_id, None)
+            await self.catch_up(table_id, [])
 
     async def deliver(self, envelope: Envelope) -> None:
-        """Send one event to every client at its table, with each viewer's new view."""
+        """An event from the broker: send it to every client at its table not sent it yet."""
         watchers = self.clients.get(envelope.table_id)
         if not watchers:
             return
@@ -140,43 +141,54 @@ class Hub:
                     client.last_chat_seq = envelope.seq
                     await _send(client, WsEvent(event=envelope))
             return
+        if all(c.last_seq >= envelope.seq for c in watchers):
+            return  # delivered already, by the replica's own commit
         pending = self.pending.setdefault(envelope.table_id, [])
         pending.append(envelope)
         if len(pending) == 1:  # the first of a burst: one table read serves them all
             await asyncio.sleep(0)
-            burst = self.pending.pop(envelope.table_id)
-            await self.deliver_missed(envelope.table_id, max(burst, key=lambda e: e.seq), burst)
+            await self.catch_up(envelope.table_id, self.pending.pop(envelope.table_id))
 
-    async def deliver_missed(
-        self, table_id: str, envelope: Envelope | None, burst: list[Envelope] | None = None
+    async def deliver_local(self, row: TableRow, envelopes: list[Envelope]) -> None:
+        """A change this replica just committed: its clients get it without the broker hop."""
+        if row.table_id in self.clients and envelopes:
+            await self.catch_up(row.table_id, envelopes, row)
+
+    async def catch_up(
+        self, table_id: str, burst: list[Envelope], row: TableRow | None = None
     ) -> None:
-        """Send each client its unsent table events up to ``envelope`` (all, if None)."""
+        """Send each client its unsent events up to the newest of ``burst`` (or all), each
+        with the viewer's view; the table's log fills any gap, in seq order."""
         watchers = self.clients.get(table_id)
         if not watchers:
             return
-        async with self.pool.acquire() as conn:
-            row = await store.read_table(conn, table_id)
-            if row is None:
-                return
-            oldest = min(c.last_seq for c in watchers)
-            upto = row.seq if envelope is None else envelope.seq
-            missed: list[Envelope] = []
-            have = {e.seq for e in burst or ()}
-            if envelope is None or any(q not in have for q in range(oldest + 1, upto + 1)):
-                raw = await store.events_after(conn, table_id, oldest, GAP_FILL_LIMIT)
-                missed = [envelope_decoder.decode(r) for r in raw]
+        oldest = min(c.last_seq for c in watchers)
+        have = {e.seq for e in burst}
+        upto = max(have) if have else None
+        gap = upto is None or any(q not in have for q in range(oldest + 1, upto + 1))
+        missed: list[Envelope] = []
+        if gap or row is None:
+            async with self.pool.acquire() as conn:
+                if row is None:
+                    row = await store.read_table(conn, table_id)
+                if gap and row is not None:
+                    raw = await store.events_after(conn, table_id, oldest, GAP_FILL_LIMIT)
+                    missed = [envelope_decoder.decode(r) for r in raw]
+        if row is None:
+            return
+        upto = row.seq if upto is None else upto
         events = {e.seq: e for e in missed if e.seq <= upto}
-        for e in burst or ():
-            events[e.seq] = e
-        views: dict[int | None, TableView] = {}
+        events.update((e.seq, e) for e in burst)
+        views: dict[tuple[int | None, str | None], TableView] = {}
         for client in list(watchers):
             seat = row.seat_of(client.identity.id if client.identity else None)
-            if seat not in views:
-                views[seat] = self.tables.table_view(row, seat, None)
+            key = (seat, client.deck_design)
+            if key not in views:
+                views[key] = self.tables.table_view(row, seat, client.deck_design)
             for seq in sorted(events):
                 if seq > client.last_seq:
                     client.last_seq = seq
-                    await _send(client, WsEvent(event=events[seq], view=views[seat]))
+                    await _send(client, WsEvent(event=events[seq], view=views[key]))
 
 
 async def _send(client: Client, message: msgspec.Struct) -> None:
@@ -222,6 +234,7 @@ async def _snapshot(request: web.Request, client: Client, table_id: str) -> None
     assert row is not None
     seat = row.seat_of(identity.id if identity else None)
     async with client.lock:
+        client.deck_design = design
         client.last_seq = max(client.last_seq, row.seq)
         view = request.app[TABLES].table_view(row, seat, design)
         await client.ws.send_str(_json.encode(WsSnapshot(view=view)).decode())
