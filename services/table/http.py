@@ -131,7 +131,7 @@ async def create_table(request: web.Request) -> web.Response:
     assert identity is not None
     body = await body_of(request, CreateTable)
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        created = await request.app[TABLES].create(conn, identity, body.options)
+        created = await request.app[TABLES].create(conn, identity, body.options.plain())
     structlog.contextvars.bind_contextvars(table_id=created.table_id)
     log.info("table_created")
     return json_bytes(_json.encode(created), status=201)

@@ -9,7 +9,7 @@ import msgspec
 from shared.contracts.commands import AnyCommand
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import BotLevel
-from shared.contracts.options import TableOptions
+from shared.contracts.options import StrictTableOptions
 from shared.contracts.views import TableView
 
 DeckDesign = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")]
@@ -22,7 +22,7 @@ class Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 class CreateTable(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/tables``."""
 
-    options: TableOptions = msgspec.field(default_factory=TableOptions)
+    options: StrictTableOptions = msgspec.field(default_factory=StrictTableOptions)
 
 
 class JoinTable(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):

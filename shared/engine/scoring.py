@@ -49,6 +49,7 @@ def score_knock(
 ) -> HandScore:
     """Score a knock, gin or big gin whose knocker keeps ``kept`` laid out as ``melds``."""
     defender = 1 - knocker
+    melds = sorted(melds, key=cards_of)  # the order the record shows: layoffs index into it
     knocker_dead = points_of(kept & ~sum(melds))
     knocker_hand = seat_hand(knocker, kept, melds)
     if knocker_dead == 0:  # gin or big gin: no layoffs (R7.3)
