@@ -20,6 +20,7 @@ from services.table.http import (
     TABLES,
     CommandMetrics,
     add_routes,
+    log_context,
     refusals,
 )
 from services.table.store import Change
@@ -47,7 +48,7 @@ def create_app(
     shuffle: Shuffle = secure_shuffle,
 ) -> web.Application:
     """The whole table service, ready for ``web.run_app`` or a test client."""
-    app = web.Application(middlewares=[refusals])
+    app = web.Application(middlewares=[log_context, refusals])
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[REGISTRY] = registry

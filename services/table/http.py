@@ -93,6 +93,17 @@ def refusal_of(exc: Exception) -> tuple[int, ErrorDetail]:
 
 
 @web.middleware
+async def log_context(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Each request logs with its own context: the table it names, then its command_id."""
+    structlog.contextvars.clear_contextvars()
+    if "id" in request.match_info:
+        structlog.contextvars.bind_contextvars(table_id=request.match_info["id"])
+    return await handler(request)
+
+
+@web.middleware
 async def refusals(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:

@@ -26,6 +26,7 @@ from shared.infra.db import Conn
 log = structlog.get_logger()
 SQL_DIR = Path(__file__).parent / "sql"
 NOTIFY_CHANNEL = "gin_outbox"
+PUBLISH_TIMEOUT_S = 10.0  # a broker that neither confirms nor fails: give up, retry the batch
 
 
 async def add(conn: Conn, exchange: str, routing_key: str, body: bytes, message_id: str) -> None:
@@ -147,6 +148,7 @@ class OutboxRelay:
                         ),
                         routing_key=row["routing_key"],
                         mandatory=False,
+                        timeout=PUBLISH_TIMEOUT_S,
                     )
                     for row in rows
                 )
