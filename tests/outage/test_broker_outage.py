@@ -114,7 +114,9 @@ async def test_broker_stopped_for_20_s_loses_no_event_and_fails_no_command(
             assert await unpublished(own.database_url) > 0  # events wait in the outbox
             await asyncio.to_thread(node.ctl, "start_app")
             after = await play_moves(api, table_id, tokens, 2.0)
-            assert before and during and after
+            assert before > 0
+            assert during > 0
+            assert after > 0
 
             deadline = time.monotonic() + 60
             while await unpublished(own.database_url) and time.monotonic() < deadline:
