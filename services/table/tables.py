@@ -32,8 +32,9 @@ from shared.contracts.events import (
 from shared.contracts.names import BOTS_EXCHANGE, EVENTS_EXCHANGE, bot_key, table_event_key
 from shared.contracts.options import TableOptions
 from shared.contracts.views import TableStatus, TableView
-from shared.engine import IllegalAction, Timing, apply, deal, expire, legal, new_game, view
+from shared.engine import IllegalAction, Timing, apply, deal, expire, new_game
 from shared.engine.state import GameState
+from shared.engine.view import seat_table_view
 from shared.infra.auth import Identity
 from shared.infra.db import Conn
 
@@ -108,26 +109,16 @@ class Tables:
 
     def table_view(self, row: TableRow, seat: int | None, deck_design: str | None) -> TableView:
         """What a seat (None: a spectator) may see of a table now."""
-        state = row.state
-        match = hand = None
-        moves: list[c.Command] = []
-        if state is not None:
-            match, hand = view(state, seat)
-            if seat is not None:
-                moves = legal(state, seat, self.timing())
-        elif seat == 0 and row.status == "waiting":
-            moves = [c.Leave()]
-        return TableView(
+        return seat_table_view(
+            row.state,
+            seat,
+            self.timing(),
             table_id=row.table_id,
             version=row.version,
             status=row.status,
-            you=seat,
-            seats=list(row.seats),
+            seats=row.seats,
             options=row.options,
             deck_design=deck_design,
-            match=match,
-            hand=hand,
-            legal=moves,  # type: ignore[arg-type]
         )
 
     # --- the table lifecycle (R10.1) -------------------------------------------------------

@@ -44,6 +44,8 @@ class HandView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     stock_only: bool
     card_counts: list[int]
     known: list[list[str]]
+    discarded_by: list[int] = []  # the seat that discarded each card of the pile (-1: upcard)
+    passed: list[list[str]] = []  # per seat, discard-pile tops it declined this hand
     opponent_card_count: int | None = None
     opponent_known: list[str] | None = None
     my_cards: list[str] | None = None

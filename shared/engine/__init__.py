@@ -19,7 +19,7 @@ from shared.engine.game import (
 from shared.engine.layoffs import Layoffs, best_layoffs
 from shared.engine.melds import Arrangement, best_arrangement, best_discard, is_meld
 from shared.engine.state import GameState, HandState, Timing
-from shared.engine.view import hand_view, legal, match_view, my_arrangement, view
+from shared.engine.view import hand_view, legal, match_view, my_arrangement, seat_table_view, view
 
 __all__ = [
     "CARDS",
@@ -48,6 +48,7 @@ __all__ = [
     "new_game",
     "parse_card",
     "parse_cards",
+    "seat_table_view",
     "to_act",
     "view",
 ]

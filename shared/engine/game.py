@@ -190,6 +190,7 @@ def _take_upcard(state: GameState, seat: int, cmd: c.TakeUpcard, t: Timing) -> R
         hands=_with(hand.hands, seat, hand.hands[seat] | 1 << card),
         known=_with(hand.known, seat, hand.known[seat] | 1 << card),
         discard_pile=hand.discard_pile[:-1],
+        discarded_by=hand.discarded_by[:-1],
         phase="discard",
         taken=card,
     )
@@ -199,6 +200,7 @@ def _take_upcard(state: GameState, seat: int, cmd: c.TakeUpcard, t: Timing) -> R
 def _pass_upcard(state: GameState, seat: int, cmd: c.PassUpcard, t: Timing) -> Result:
     hand = _hand_of(state, seat)
     _in_phase(hand, "upcard", "no_upcard_offer", "the upcard is no longer offered", "R4.1")
+    hand = replace(hand, passed=_declined(hand, seat))
     if hand.upcard_passes == 0:  # R4.2: the dealer decides next
         hand = replace(hand, upcard_passes=1, to_act=1 - seat)
         return _moved(state, hand, t), [UpcardPassed(hand=hand.number, seat=seat)]
@@ -218,6 +220,7 @@ def _draw(state: GameState, seat: int, cmd: c.Draw, t: Timing) -> Result:
         card = hand.deck[STOCK_START + hand.stock_drawn]
         hand = replace(
             hand,
+            passed=_declined(hand, seat),
             hands=_with(hand.hands, seat, hand.hands[seat] | 1 << card),
             stock_drawn=hand.stock_drawn + 1,
             phase="discard",
@@ -244,6 +247,7 @@ def _draw(state: GameState, seat: int, cmd: c.Draw, t: Timing) -> Result:
             hands=_with(hand.hands, seat, hand.hands[seat] | 1 << card),
             known=_with(hand.known, seat, hand.known[seat] | 1 << card),
             discard_pile=hand.discard_pile[:-1],
+            discarded_by=hand.discarded_by[:-1],
             phase="discard",
             taken=card,
         )
@@ -275,6 +279,7 @@ def _discard(state: GameState, seat: int, cmd: c.Discard, t: Timing) -> Result:
         hands=_with(hand.hands, seat, hand.hands[seat] & ~(1 << card)),
         known=_with(hand.known, seat, hand.known[seat] & ~(1 << card)),
         discard_pile=(*hand.discard_pile, card),
+        discarded_by=(*hand.discarded_by, seat),
         phase="draw",
         to_act=1 - seat,
         taken=NO_CARD,
@@ -579,6 +584,13 @@ def _moved(state: GameState, hand: HandState, t: Timing) -> GameState:
     before = state.hand.to_act if state.hand is not None else None
     since = state.decision_since if before == hand.to_act else t.now
     return replace(state, hand=hand, last_move_at=t.now, decision_since=since)
+
+
+def _declined(hand: HandState, seat: int) -> tuple[int, int]:
+    """The seat's declined cards, with the discard pile's top it is passing on now."""
+    if not hand.discard_pile:
+        return hand.passed
+    return _with(hand.passed, seat, hand.passed[seat] | 1 << hand.discard_pile[-1])
 
 
 def _with(pair: tuple[int, int], seat: int, value: int) -> tuple[int, int]:

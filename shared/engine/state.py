@@ -16,6 +16,7 @@ from shared.contracts.options import TableOptions
 Phase = Literal["upcard", "draw", "discard"]
 GameStatus = Literal["playing", "match_over", "closed", "expired"]
 NO_CARD = -1
+NO_SEAT = -1  # the upcard was turned by the deal, not discarded by a seat
 HAND_SIZE = 10
 STOCK_START = 21  # 20 dealt cards and the upcard come first in the deck order
 
@@ -40,6 +41,8 @@ class HandState(msgspec.Struct, frozen=True, kw_only=True):
     hands: tuple[int, int]
     known: tuple[int, int]  # cards each seat took from the discard pile and still holds
     discard_pile: tuple[int, ...]  # bottom first
+    discarded_by: tuple[int, ...] = (NO_SEAT,)  # who put each card of the pile there
+    passed: tuple[int, int] = (0, 0)  # discard-pile tops each seat declined (public memory)
     stock_drawn: int = 0
     phase: Phase = "upcard"
     to_act: int

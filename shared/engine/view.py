@@ -7,10 +7,14 @@ the discard pile and still holds. The stock order and the other hand never leave
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from msgspec.structs import replace
 
 from shared.contracts import commands as c
-from shared.contracts.views import ArrangementView, HandView, MatchView
+from shared.contracts.events import Player
+from shared.contracts.options import TableOptions
+from shared.contracts.views import ArrangementView, HandView, MatchView, TableStatus, TableView
 from shared.engine.cards import CARDS, TEXTS, cards_of
 from shared.engine.game import absence_allowed
 from shared.engine.melds import (
@@ -98,6 +102,8 @@ def hand_view(hand: HandState, seat: int | None) -> HandView:
         stock_only=hand.stock_only,
         card_counts=counts,
         known=known,
+        discarded_by=list(hand.discarded_by),
+        passed=[texts(cards_of(hand.passed[0])), texts(cards_of(hand.passed[1]))],
     )
     if seat is None:
         return public
@@ -127,3 +133,41 @@ def view(state: GameState, seat: int | None) -> tuple[MatchView, HandView | None
     """The match and the hand as ``seat`` (None: a spectator) may see them."""
     hand = state.hand
     return match_view(state), None if hand is None else hand_view(hand, seat)
+
+
+def seat_table_view(
+    state: GameState | None,
+    seat: int | None,
+    timing: Timing,
+    *,
+    table_id: str,
+    version: int,
+    status: TableStatus,
+    seats: Sequence[Player | None],
+    options: TableOptions,
+    deck_design: str | None = None,
+) -> TableView:
+    """The whole view of a table for a seat (None: a spectator), ``legal`` included.
+
+    The table service sends it to people and bots alike (R11.4); simulations build the same.
+    """
+    match = hand = None
+    moves: list[c.Command] = []
+    if state is not None:
+        match, hand = view(state, seat)
+        if seat is not None:
+            moves = legal(state, seat, timing)
+    elif seat == 0 and status == "waiting":
+        moves = [c.Leave()]  # the creator may close a table nobody joined (R10.1)
+    return TableView(
+        table_id=table_id,
+        version=version,
+        status=status,
+        you=seat,
+        seats=list(seats),
+        options=options,
+        deck_design=deck_design,
+        match=match,
+        hand=hand,
+        legal=moves,  # type: ignore[arg-type]
+    )
