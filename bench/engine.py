@@ -85,7 +85,7 @@ def random_hands_per_second(seconds: float, rng: random.Random) -> None:
         while state.hand is not None:
             seat = to_act(state)
             assert seat is not None
-            moves = [m for m in legal(state, seat, timing) if not isinstance(m, quits)]
+            moves = [m for m in legal(state, seat, timing) if type(m) not in quits]
             legal(state, 1 - seat, timing)
             state, _ = apply(state, seat, rng.choice(moves), timing)
             steps += 1

@@ -28,8 +28,13 @@ from shared.engine.melds import (
 from shared.engine.scoring import texts
 from shared.engine.state import NO_CARD, GameState, HandState, Timing
 
-# Commands are frozen values: one Discard per card serves every view.
+# Commands are frozen values: one of each serves every view.
 DISCARDS: tuple[c.Discard, ...] = tuple(c.Discard(card=text) for text in TEXTS)
+UPCARD_CHOICES: tuple[c.Command, ...] = (c.TakeUpcard(), c.PassUpcard())
+FROM_STOCK = c.Draw(source="stock")
+FROM_DISCARD = c.Draw(source="discard")
+QUIT: tuple[c.Command, ...] = (c.Resign(), c.Leave())
+AFTER_MATCH: tuple[c.Command, ...] = (c.Rematch(), c.DeclineRematch(), c.Leave())
 
 
 def legal(state: GameState, seat: int, timing: Timing) -> list[c.Command]:
@@ -37,25 +42,23 @@ def legal(state: GameState, seat: int, timing: Timing) -> list[c.Command]:
     if seat not in (0, 1) or state.status in ("closed", "expired"):
         return []
     if state.status == "match_over":
-        offer: list[c.Command] = [] if state.rematch_offers[seat] else [c.Rematch()]
-        return [*offer, c.DeclineRematch(), c.Leave()]
+        return list(AFTER_MATCH[1:] if state.rematch_offers[seat] else AFTER_MATCH)
     hand = state.hand
     if hand is None:
         return []
     if hand.to_act != seat:
         claim: list[c.Command] = [c.ClaimAbsence()] if absence_allowed(state, seat, timing) else []
-        return [*claim, c.Resign(), c.Leave()]
-    return [*_moves(state, hand, seat), c.Resign(), c.Leave()]
+        return [*claim, *QUIT]
+    return [*_moves(state, hand, seat), *QUIT]
 
 
 def _moves(state: GameState, hand: HandState, seat: int) -> list[c.Command]:
     if hand.phase == "upcard":
-        return [c.TakeUpcard(), c.PassUpcard()]
+        return list(UPCARD_CHOICES)
     if hand.phase == "draw":
-        draws: list[c.Command] = [c.Draw(source="stock")]
         if not hand.stock_only and hand.discard_pile:
-            draws.append(c.Draw(source="discard"))
-        return draws
+            return [FROM_STOCK, FROM_DISCARD]
+        return [FROM_STOCK]
     mask = hand.hands[seat]
     forbidden = 0 if hand.taken == NO_CARD else 1 << hand.taken
     out: list[c.Command] = [DISCARDS[card] for card in cards_of(mask & ~forbidden)]
