@@ -1,0 +1,130 @@
+"""The bot worker: consumes bot turns, decides with a pure strategy, sends the command back.
+
+Competing consumers on the ``gin.bots.<level>`` queues (any number of replicas), manual
+acks. A turn carries the bot seat's own view and nothing more (R11.4). The command carries
+``command_id`` and ``expected_version`` derived from the turn, so a redelivered or stale turn
+makes no second move. A message that cannot be decided goes to the dead-letter queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import cast
+
+import aio_pika
+import msgspec
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from shared.contracts import commands as c
+from shared.contracts.api import BotTurn, QueuedCommand
+from shared.contracts.commands import AnyCommand
+from shared.contracts.names import COMMANDS_QUEUE, bot_queue
+from shared.contracts.views import TableView
+
+log = structlog.get_logger()
+Strategy = Callable[[TableView, random.Random], c.Command]
+_turn_decoder = msgspec.json.Decoder(BotTurn)
+_json = msgspec.json.Encoder()
+
+
+class BotMetrics:
+    """Decisions by level and outcome, and how long deciding took."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter(
+            "gin_bot_decisions", "Bot decisions", ["level", "outcome"], registry=registry
+        )
+        self.seconds = Histogram(
+            "gin_bot_decision_seconds",
+            "Time a strategy took to decide",
+            ["level"],
+            registry=registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )
+
+
+def turn_rng(turn: BotTurn) -> random.Random:
+    """The randomness of one turn: seeded by table and version, so a turn replays the same."""
+    return random.Random(f"{turn.table_id}:{turn.version}:{turn.seat}")
+
+
+def decide(strategy: Strategy, turn: BotTurn) -> c.Command:
+    """The strategy's command for this turn, made safe to repeat (id and expected version)."""
+    command = strategy(turn.view, turn_rng(turn))
+    return msgspec.structs.replace(
+        command,
+        command_id=f"bot:{turn.table_id}:{turn.version}:{turn.seat}",
+        expected_version=turn.version,
+    )
+
+
+class BotWorker:
+    """Consumes the bot queues of the given levels."""
+
+    def __init__(
+        self,
+        strategies: Mapping[str, Strategy],
+        prefix: str,
+        think_s: float,
+        metrics: BotMetrics,
+    ) -> None:
+        self.strategies = strategies
+        self.prefix = prefix
+        self.think_s = think_s
+        self.metrics = metrics
+        self.channel: AbstractChannel | None = None
+
+    async def start(self, connection: aio_pika.abc.AbstractRobustConnection, prefetch: int) -> None:
+        """Consume every level's queue on one channel with publisher confirms."""
+        self.channel = await connection.channel(publisher_confirms=True)
+        await self.channel.set_qos(prefetch_count=prefetch)
+        for level in self.strategies:
+            queue = await self.channel.get_queue(self.prefix + bot_queue(level))
+            await queue.consume(self.on_turn)
+
+    async def on_turn(self, message: AbstractIncomingMessage) -> None:
+        """Decide one turn and send the command, then acknowledge the turn."""
+        try:
+            turn = _turn_decoder.decode(message.body)
+            strategy = self.strategies[turn.level]
+        except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
+            log.warning("bot_turn_undecodable", error=repr(exc))
+            await message.reject(requeue=False)
+            return
+        structlog.contextvars.bind_contextvars(table_id=turn.table_id, version=turn.version)
+        try:
+            started = time.perf_counter()
+            command = decide(strategy, turn)
+            self.metrics.seconds.labels(turn.level).observe(time.perf_counter() - started)
+        except Exception:
+            log.exception("bot_decision_failed", level=turn.level)
+            self.metrics.decisions.labels(turn.level, "failed").inc()
+            await message.reject(requeue=False)
+            return
+        finally:
+            structlog.contextvars.unbind_contextvars("table_id", "version")
+        if self.think_s > 0:
+            await asyncio.sleep(self.think_s)  # a person can follow the bot's moves
+        await self.send(turn, command)
+        self.metrics.decisions.labels(turn.level, "sent").inc()
+        await message.ack()
+
+    async def send(self, turn: BotTurn, command: c.Command) -> None:
+        """Put the command on ``gin.commands`` and wait for the broker's confirm."""
+        assert self.channel is not None
+        queued = cast(AnyCommand, command)
+        body = QueuedCommand(table_id=turn.table_id, source="bot", seat=turn.seat, command=queued)
+        await self.channel.default_exchange.publish(
+            aio_pika.Message(
+                _json.encode(body),
+                content_type="application/json",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                message_id=command.command_id,
+            ),
+            routing_key=self.prefix + COMMANDS_QUEUE,
+        )
