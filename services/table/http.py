@@ -85,7 +85,8 @@ def refusal_of(exc: Exception) -> tuple[int, ErrorDetail]:
         return 401, ErrorDetail(code="unauthorized", message=str(exc))
     if isinstance(exc, msgspec.ValidationError):
         text = str(exc)
-        code = "unknown_command" if "`$.type`" in text else "invalid_request"
+        unknown = "`$.type`" in text or "`$.command.type`" in text
+        code = "unknown_command" if unknown else "invalid_request"
         return 400, ErrorDetail(code=code, message=text)
     if isinstance(exc, msgspec.DecodeError):
         return 400, ErrorDetail(code="malformed_json", message=f"the body is not JSON: {exc}")
@@ -113,6 +114,11 @@ async def refusals(
     except (Refused, IllegalAction, AuthError, msgspec.ValidationError, msgspec.DecodeError) as e:
         status, detail = refusal_of(e)
         return error_response(status, detail.code, detail.message, detail.rule)
+    except web.HTTPException as e:  # aiohttp's own refusals (no route, wrong method, too big)
+        if e.status < 400:
+            raise
+        code = {404: "no_such_route", 405: "method_not_allowed", 413: "body_too_large"}
+        return error_response(e.status, code.get(e.status, "bad_request"), e.reason)
 
 
 def identity_of(request: web.Request, required: bool = True) -> Identity | None:

@@ -90,30 +90,42 @@ async def insert_table(conn: Conn, row: TableRow) -> None:
 
 
 class Locked(msgspec.Struct, kw_only=True):
-    """A table locked for one command, with what the command needs to know in the same trip."""
+    """A table locked for one command, with what the command needs to know."""
 
     row: TableRow
     prior: str | None  # the stored result of this command_id, if it ran already
+    prior_actor: str | None  # who sent that command_id first
     deck_design: str | None  # the caller's
 
 
 async def lock_for_command(
     conn: Conn, table_id: str, command_id: str | None = None, player_id: str | None = None
 ) -> Locked | None:
-    """Lock the table for this transaction; with it, a prior result and the deck design."""
+    """Lock the table for this transaction, then read a prior result and the deck design.
+
+    Two statements on purpose: once the lock is ours, a command that another transaction
+    applied while we waited is committed, and only a new statement's snapshot sees its result.
+    """
     record = await conn.fetchrow(
-        f"SELECT {_COLUMNS},"
-        " (SELECT result::text FROM commands c WHERE c.table_id = t.table_id"
-        "  AND c.command_id = $2) AS prior,"
-        " (SELECT deck_design FROM preferences WHERE player_id = $3) AS design"
-        " FROM tables t WHERE table_id = $1 FOR UPDATE OF t",
+        f"SELECT {_COLUMNS} FROM tables t WHERE table_id = $1 FOR UPDATE", table_id
+    )
+    if record is None:
+        return None
+    known = await conn.fetchrow(
+        "SELECT (SELECT result FROM commands WHERE table_id = $1 AND command_id = $2) AS prior,"
+        " (SELECT actor FROM commands WHERE table_id = $1 AND command_id = $2) AS actor,"
+        " (SELECT deck_design FROM preferences WHERE player_id = $3) AS design",
         table_id,
         command_id,
         player_id,
     )
-    if record is None:
-        return None
-    return Locked(row=_row(record), prior=record["prior"], deck_design=record["design"])
+    assert known is not None
+    return Locked(
+        row=_row(record),
+        prior=known["prior"],
+        prior_actor=known["actor"],
+        deck_design=known["design"],
+    )
 
 
 async def read_table(conn: Conn, table_id: str) -> TableRow | None:
@@ -148,7 +160,7 @@ WITH moved AS (
     SELECT * FROM unnest($11::text[], $12::text[], $13::bytea[], $14::text[])
 ), answered AS (
     INSERT INTO commands (table_id, command_id, actor, result)
-    SELECT $1, $15, $16, $17::jsonb WHERE $15::text IS NOT NULL
+    SELECT $1, $15, $16, $17 WHERE $15::text IS NOT NULL
 ), recorded AS (
     INSERT INTO hands (table_id, hand, record)
     SELECT $1, h.hand, h.record::jsonb FROM unnest($18::int[], $19::text[]) AS h(hand, record)

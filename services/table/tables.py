@@ -167,6 +167,8 @@ class Tables:
             raise Refused(403, "bad_invite_code", "this invitation code is not this table's")
         if row.seat_of(identity.id) is not None:
             raise Refused(409, "already_seated", "you are seated at this table already", "R10.1")
+        if row.status in ("closed", "expired"):
+            raise Refused(409, "table_closed", "this table is closed", "R10.1")
         if row.status != "waiting":
             raise Refused(
                 409, "seat_taken", "both seats are taken: you can watch this table", "R10.1"
@@ -211,16 +213,18 @@ class Tables:
         (none for a repeat of a ``command_id``: it returns the first result, changes nothing)."""
         player = actor.identity.id if actor.identity else None
         locked = await self._lock(conn, table_id, cmd.command_id, player)
-        if locked.prior is not None:
-            return locked.prior.encode(), None
         row = locked.row
+        seat = self._seat(row, actor, cmd)  # a spectator is refused before anything else
+        if locked.prior is not None:
+            if locked.prior_actor != actor.label:  # never show one seat's answer to another
+                raise Refused(409, "command_id_taken", "this command_id was used by someone else")
+            return locked.prior.encode(), None
         if cmd.expected_version is not None and cmd.expected_version != row.version:
             raise Refused(
                 409,
                 "stale_version",
                 f"the table is at version {row.version}, not {cmd.expected_version}",
             )
-        seat = self._seat(row, actor, cmd)
         events = self._apply(row, seat, cmd)
         change = self._change(row, events)
         view = self.table_view(row, seat, locked.deck_design)

@@ -48,6 +48,7 @@ class Client:
     ws: web.WebSocketResponse
     identity: Identity | None
     deck_design: str | None = None
+    ready: bool = False  # the snapshot went out: events may follow
     last_seq: int = 0
     last_chat_seq: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -132,7 +133,7 @@ class Hub:
 
     async def deliver(self, envelope: Envelope) -> None:
         """An event from the broker: send it to every client at its table not sent it yet."""
-        watchers = self.clients.get(envelope.table_id)
+        watchers = {c for c in self.clients.get(envelope.table_id, ()) if c.ready}
         if not watchers:
             return
         if envelope.type == "message_posted":
@@ -159,7 +160,7 @@ class Hub:
     ) -> None:
         """Send each client its unsent events up to the newest of ``burst`` (or all), each
         with the viewer's view; the table's log fills any gap, in seq order."""
-        watchers = self.clients.get(table_id)
+        watchers = [c for c in self.clients.get(table_id, ()) if c.ready]
         if not watchers:
             return
         oldest = min(c.last_seq for c in watchers)
@@ -216,6 +217,7 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     await hub.attach(table_id, client)
     try:
         await _snapshot(request, client, table_id)
+        await hub.catch_up(table_id, [])  # anything committed after the snapshot was read
         async for msg in ws:
             if msg.type == WSMsgType.TEXT:
                 await _on_text(request, client, msg.data)
@@ -238,6 +240,7 @@ async def _snapshot(request: web.Request, client: Client, table_id: str) -> None
         client.last_seq = max(client.last_seq, row.seq)
         view = request.app[TABLES].table_view(row, seat, design)
         await client.ws.send_str(_json.encode(WsSnapshot(view=view)).decode())
+        client.ready = True
 
 
 async def _on_text(request: web.Request, client: Client, text: str) -> None:

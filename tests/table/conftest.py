@@ -175,11 +175,17 @@ def assert_error(status: int, body: Any, expected_status: int, code: str, rule: 
     assert status == expected_status, body
     assert isinstance(body, dict)
     assert list(body) == ["error"], body
-    assert set(body["error"]) == {"code", "message", "rule"}, body
-    assert body["error"]["code"] == code, body
-    assert body["error"]["rule"] == rule, body
-    assert isinstance(body["error"]["message"], str)
-    assert body["error"]["message"].strip()
+    assert_error_detail(body["error"], code, rule)
+
+
+def assert_error_detail(detail: Any, code: str, rule: str | None) -> None:
+    """``{"code", "message", "rule"}`` with this code and rule and a message."""
+    assert isinstance(detail, dict)
+    assert set(detail) == {"code", "message", "rule"}, detail
+    assert detail["code"] == code, detail
+    assert detail["rule"] == rule, detail
+    assert isinstance(detail["message"], str)
+    assert detail["message"].strip()
 
 
 async def all_events(api: Api, table_id: str, after: int = 0) -> list[dict[str, Any]]:
@@ -325,3 +331,23 @@ async def db(settings: Settings, api: Api) -> AsyncIterator[asyncpg.Connection]:
         yield conn
     finally:
         await conn.close()
+
+
+async def published(db: asyncpg.Connection, table_id: str, within_s: float = 10.0) -> None:
+    """Wait until the relay has published every outbox row of a table's events."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while await db.fetchval(
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL AND routing_key LIKE $1",
+        f"table.{table_id}.%",
+    ):
+        assert asyncio.get_running_loop().time() < deadline, "the relay did not publish"
+        await asyncio.sleep(0.02)
+
+
+async def ws_silent(ws: Any, quiet_s: float = 0.3) -> None:
+    """Fails if the WebSocket sends anything within ``quiet_s`` seconds."""
+    try:
+        msg = await asyncio.wait_for(ws.receive(), quiet_s)
+    except TimeoutError:
+        return
+    raise AssertionError(f"an unexpected message: {msg}")

@@ -1,0 +1,135 @@
+"""Posting a message and reading the history (R10.5), each inside the caller's transaction.
+
+Who may write is what the chat learned from the table's events (``consumer.py``): the person
+in a seat. Nobody else, a spectator or anyone claiming a bot's seat, ever writes; a bot seat
+has no player id, so no token matches it. Each message gets the table's next number (gap-free,
+from 1) and is stored together with its ``message_posted`` envelope in the outbox, so a
+message is never stored without being published.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+
+import msgspec
+
+from services.chat import store
+from services.chat.rules import (
+    RATE_COUNT,
+    RATE_WINDOW,
+    RATE_WINDOW_S,
+    InvalidText,
+    clean_text,
+    retry_after_s,
+)
+from services.chat.store import StoredMessage
+from shared.contracts.envelope import Envelope
+from shared.contracts.events import MessagePosted
+from shared.contracts.names import EVENTS_EXCHANGE, chat_key
+from shared.infra import outbox
+from shared.infra.auth import Identity
+from shared.infra.db import Conn
+
+_json = msgspec.json.Encoder()
+
+
+class Refused(Exception):
+    """A request refused before any change: an HTTP status, the error body's fields and any
+    headers the answer needs (``Retry-After``)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        rule: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.rule = rule
+        self.headers = dict(headers or {})
+
+
+def envelope_of(message: StoredMessage) -> Envelope:
+    """The ``message_posted`` envelope of a stored message: the one published, byte for byte."""
+    return Envelope(
+        id=message.event_id,
+        type="message_posted",
+        table_id=message.table_id,
+        seq=message.seq,
+        occurred_at=message.posted_at.astimezone(UTC),
+        data=MessagePosted(
+            message_id=message.seq, seat=message.seat, name=message.name, text=message.text
+        ),
+    )
+
+
+class Chat:
+    """The chat of every table, reading time from one injectable clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+
+    def now(self) -> datetime:
+        """The clock's time."""
+        return datetime.fromtimestamp(self.clock(), UTC)
+
+    async def post(self, conn: Conn, table_id: str, identity: Identity, raw: str) -> Envelope:
+        """Store and publish one message of a seated person; its envelope."""
+        try:
+            text = clean_text(raw)
+        except InvalidText as exc:
+            raise Refused(400, "invalid_text", str(exc)) from exc
+        posting = await store.lock_for_posting(conn, table_id, identity.id)
+        if posting is None:
+            raise Refused(404, "no_such_table", "the chat knows no such table")
+        if posting.seat is None or posting.name is None:
+            raise Refused(
+                403, "spectators_cannot_chat", "only the players seated here write", "R10.5"
+            )
+        if posting.status != "open":
+            raise Refused(
+                409,
+                "table_closed",
+                f"this table is {posting.status}: its chat is read-only",
+                "R10.5",
+            )
+        now = self.now()
+        wait = retry_after_s(
+            await store.recent_posts(conn, identity.id, now - RATE_WINDOW, RATE_COUNT), now
+        )
+        if wait is not None:
+            raise Refused(
+                429,
+                "too_many_messages",
+                f"at most {RATE_COUNT} messages per {RATE_WINDOW_S:g} s: wait {wait} s",
+                headers={"Retry-After": str(wait)},
+            )
+        message = StoredMessage(
+            table_id=table_id,
+            seq=posting.last_message + 1,
+            event_id=uuid.uuid4(),
+            seat=posting.seat,
+            player_id=identity.id,
+            name=posting.name,
+            text=text,
+            posted_at=now,
+        )
+        await store.insert_message(conn, message)
+        envelope = envelope_of(message)
+        body = _json.encode(envelope)
+        await outbox.add_many(conn, [(EVENTS_EXCHANGE, chat_key(table_id), body, str(envelope.id))])
+        return envelope
+
+    async def history(self, conn: Conn, table_id: str, after: int, limit: int) -> list[Envelope]:
+        """The envelopes of a table's messages numbered above ``after``, at most ``limit``."""
+        messages = await store.messages_after(conn, table_id, after, limit)
+        if not messages and await store.table_status(conn, table_id) is None:
+            raise Refused(404, "no_such_table", "the chat knows no such table")
+        return [envelope_of(m) for m in messages]

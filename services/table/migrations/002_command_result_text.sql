@@ -1,0 +1,2 @@
+-- A repeated command answers with the very bytes of its first answer: keep them as text.
+ALTER TABLE commands ALTER COLUMN result TYPE text USING result::text;
