@@ -66,9 +66,8 @@ class CommandConsumer:
                 _, change = await self.tables.command(conn, queued.table_id, actor, queued.command)
             if change is not None:
                 await self.committed(change)
-            log.info(
-                "queued_command_applied", source=queued.source, type=type(queued.command).__name__
-            )
+            outcome = "queued_command_applied" if change else "queued_command_repeated"
+            log.info(outcome, source=queued.source, type=type(queued.command).__name__)
         except (Refused, IllegalAction) as exc:
             log.info("queued_command_refused", source=queued.source, code=getattr(exc, "code", ""))
         except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:

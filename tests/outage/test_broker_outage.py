@@ -142,3 +142,49 @@ async def test_broker_stopped_for_20_s_loses_no_event_and_fails_no_command(
     # In order: each seq first arrives after every smaller one.
     first_seen = [s for i, s in enumerate(seqs) if s not in seqs[:i]]
     assert first_seen == distinct
+
+
+async def test_a_broker_restart_mid_match_does_not_stop_the_bot(
+    node: Node, settings: Settings
+) -> None:
+    from services.bots.app import create_app as create_worker
+    from services.bots.strategies import STRATEGIES
+
+    own = msgspec.structs.replace(settings, amqp_url=node.entry.url, relay_poll_s=0.5)
+    table_app = create_app(own, clock=Clock(), shuffle=SeededShuffle(5))
+    worker_app = create_worker(own, {"luna": STRATEGIES["luna"]})
+    async with TestClient(TestServer(table_app)) as client, TestClient(TestServer(worker_app)):
+        api = Api(client, own)
+        token = api.token("Ana")
+        created = await api.create(token)
+        table_id = created["table_id"]
+        status, _ = await api.call("POST", f"/v1/tables/{table_id}/bot", token, {"level": "luna"})
+        assert status == 200
+
+        async def bot_answers() -> int:
+            """Play one person's move (when it is theirs) and wait for the bot's answer."""
+            async with asyncio.timeout(60):
+                while True:
+                    view = await api.view(table_id, token)
+                    if view["hand"]["to_act"] == 0:
+                        break
+                    await asyncio.sleep(0.1)
+            legal = [m for m in view["legal"] if m["type"] in ("pass_upcard", "draw")]
+            hint = view["hand"]["my_arrangement"].get("discard")
+            move = {"type": "discard", "card": hint} if hint else legal[0]
+            status, body = await api.command(table_id, token, **move)
+            assert status == 200, body
+            async with asyncio.timeout(60):
+                while True:
+                    after = await api.view(table_id, token)
+                    if after["hand"] is None or after["hand"]["to_act"] == 0:
+                        return int(after["version"])
+                    await asyncio.sleep(0.1)
+
+        await bot_answers()
+        await asyncio.to_thread(node.ctl, "stop_app")
+        await asyncio.sleep(3)
+        await asyncio.to_thread(node.ctl, "start_app")
+        before = (await api.view(table_id, token))["version"]
+        after = await bot_answers()  # the worker reconnected and plays on
+        assert after > before

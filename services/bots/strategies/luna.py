@@ -1,0 +1,183 @@
+"""LUNA (hard): reads the table, guesses the opponent's hand and plays for the match.
+
+Every decision starts from what the seat has seen (``knowledge``) and a weighting of the
+unseen cards by what the opponent took, threw and declined (``inference``). Draws compare the
+hand's outlook after taking the pile top with its expected outlook after a stock draw
+(``outlook``). Discards weigh deadwood, the chance the next draw helps, and what the card
+would give the opponent's sampled hands. A possible knock is played out against sampled hands,
+now and after waiting a round for a better knock or gin, in match-winning chances
+(``knocking``, ``matchplay``).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.bots.strategies.inference import held_chances, opponent_weights, sample_hands
+from services.bots.strategies.knocking import Stakes, knock_now, wait_once
+from services.bots.strategies.knowledge import (
+    Knowledge,
+    NoDecision,
+    discard,
+    discardable,
+    draw_from,
+    find,
+    knocks,
+    match_over,
+    my_turn,
+    read,
+    rematch,
+)
+from services.bots.strategies.matchplay import win_chance
+from services.bots.strategies.outlook import REACH, Outlook, stock_chances
+from shared.contracts import commands as c
+from shared.contracts.views import TableView
+from shared.engine.cards import POINTS
+
+
+@dataclass(frozen=True, slots=True)
+class Style:
+    """LUNA's weights and effort; ``make`` builds a strategy from other ones (for tuning)."""
+
+    potential: float = 1.5  # how much the next draw's expected saving counts against deadwood
+    feed: float = 0.6  # how much what a discard gives the opponent counts against it
+    take_margin: float = 0.0  # how much better the pile top must be than the stock to take it
+    feed_samples: int = 16  # opponent hands sampled to price discards
+    knock_samples: int = 48  # opponent hands sampled to price a knock
+    knock_choices: int = 3  # knock discards priced (the lowest deadwood ones)
+
+
+STYLE = Style()
+
+win_chance(0, 0, 100)  # the match table is built once, not during a timed decision
+
+
+@dataclass
+class Mind:
+    """What one decision works with: the knowledge, the opponent model and the hand prices."""
+
+    k: Knowledge
+    rng: random.Random
+    style: Style
+    weights: list[float]
+    outlook: Outlook
+    _samples: dict[int, list[int]] = field(default_factory=dict)
+
+    def opponents(self, count: int) -> list[int]:
+        """``count`` sampled opponent hands (the same ones for every question of a decision)."""
+        have = self._samples.setdefault(0, [])
+        if len(have) < count:
+            have += sample_hands(self.k, self.weights, self.rng, count - len(have))
+        return have[:count]
+
+
+def think(view: TableView, rng: random.Random, style: Style) -> Mind:
+    """The knowledge and opponent model of one decision."""
+    k = read(view)
+    weights = opponent_weights(k)
+    held = held_chances(k, weights)
+    return Mind(k, rng, style, weights, Outlook(stock_chances(k.unseen, held), style.potential))
+
+
+def decide(view: TableView, rng: random.Random) -> c.Command:
+    """LUNA's move."""
+    return play(view, rng, STYLE)
+
+
+def make(style: Style) -> Callable[[TableView, random.Random], c.Command]:
+    """A LUNA that plays with other weights."""
+    return functools.partial(play, style=style)
+
+
+def play(view: TableView, rng: random.Random, style: Style) -> c.Command:
+    """LUNA's move with the given weights."""
+    if match_over(view):
+        return rematch(view)
+    hand = my_turn(view)
+    mind = think(view, rng, style)
+    if hand.phase == "upcard":
+        return c.TakeUpcard() if wants_top(mind) else c.PassUpcard()
+    if hand.phase == "draw":
+        pile = draw_from(view, "discard")
+        if pile is not None and wants_top(mind):
+            return pile
+        stock = draw_from(view, "stock")
+        if stock is None:
+            raise NoDecision("no draw is legal")
+        return stock
+    return end_turn(view, mind)
+
+
+def wants_top(mind: Mind) -> bool:
+    """Whether the pile top leaves a better hand than the stock draw is expected to."""
+    k, outlook = mind.k, mind.outlook
+    top = k.top
+    if top is None:
+        return False
+    if not k.hand & REACH[top] and outlook.taken(k.hand, top) >= outlook.dead(k.hand):
+        return False  # it melds with nothing and lowers nothing
+    take = outlook.value(outlook.keep(k.hand | 1 << top, 1 << top))
+    return take < stock_value(k.hand, outlook) - mind.style.take_margin
+
+
+def stock_value(hand: int, outlook: Outlook) -> float:
+    """The expected value of the hand kept after a stock draw."""
+    stay = outlook.value(hand)
+    swap = outlook.keep(hand)  # the hand less its best card to throw
+    swap_dead = outlook.dead(swap)
+    swap_value = outlook.value(swap)
+    total = 0.0
+    for drawn, p in outlook.draws:
+        if hand & REACH[drawn]:
+            total += p * outlook.value(outlook.keep(hand | 1 << drawn))
+        elif swap_dead + POINTS[drawn] < outlook.dead(hand):
+            total += p * (swap_value + POINTS[drawn])  # a low card in for the highest one out
+        else:
+            total += p * stay
+    return total
+
+
+def discard_costs(mind: Mind, allowed: int) -> dict[int, float]:
+    """The price of each allowed discard: the hand it leaves and what it feeds the opponent."""
+    k, outlook = mind.k, mind.outlook
+    opponents = mind.opponents(mind.style.feed_samples)
+    costs = {}
+    for card in range(52):
+        if allowed >> card & 1:
+            left = k.hand & ~(1 << card)
+            costs[card] = outlook.value(left) + mind.style.feed * outlook.feed(card, opponents)
+    return costs
+
+
+def end_turn(view: TableView, mind: Mind) -> c.Command:
+    """Big gin or gin at once; else knock or wait, by the match chances; else discard."""
+    big = find(view, c.BigGin)
+    if big is not None:
+        return big
+    options = knocks(view)
+    if options and options[0][1] == 0:
+        return options[0][2]
+    costs = discard_costs(mind, discardable(view))
+    if not options:
+        return discard(view, min(costs, key=lambda card: (costs[card], card)))
+    k = mind.k
+    stakes = Stakes(
+        mine=k.scores[0],
+        theirs=k.scores[1],
+        target=k.target,
+        gin=view.options.gin_bonus,
+        big_gin=view.options.big_gin_bonus,
+        undercut=view.options.undercut_bonus,
+    )
+    opponents = mind.opponents(mind.style.knock_samples)
+    priced = [
+        (knock_now(stakes, k.hand, card, opponents), command)
+        for card, _, command in options[: mind.style.knock_choices]
+    ]
+    now, knock = max(priced, key=lambda x: x[0])
+    waiting = min((card for card, _, _ in options), key=lambda card: (costs[card], card))
+    later = wait_once(stakes, k, k.hand, waiting, opponents, mind.rng)
+    return knock if now >= later else discard(view, waiting)

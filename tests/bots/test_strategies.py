@@ -1,0 +1,277 @@
+"""The bot strategies (issue 4): legal moves only, seeded replays, the view and nothing else.
+
+Positions come from real seeded games between the strategies, under the default rules and
+under the table options that change the knock limit (Oklahoma, straight gin).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from services.bots import tournament
+from services.bots.strategies import STRATEGIES, NoDecision, carmen, load, luna, tito
+from shared.contracts import commands as c
+from shared.contracts.events import AnyEvent, Player
+from shared.contracts.options import TableOptions
+from shared.contracts.views import TableView
+from shared.engine import Timing, apply, deal, new_game, to_act
+from shared.engine.cards import BY_TEXT
+from shared.engine.melds import best_arrangement
+from shared.engine.state import GameState
+from shared.engine.view import seat_table_view
+
+T0 = Timing(now=0.0)
+STRATEGY_DIR = Path(__file__).resolve().parents[2] / "services" / "bots" / "strategies"
+QUITS = (c.Resign, c.Leave, c.DeclineRematch, c.ClaimAbsence)
+
+
+def seat_view(state: GameState, seat: int, version: int = 0) -> TableView:
+    """Exactly the view a bot in ``seat`` gets."""
+    return seat_table_view(
+        state,
+        seat,
+        T0,
+        table_id="test-table",
+        version=version,
+        status=state.status,
+        seats=[Player(name="zero"), Player(name="one")],
+        options=state.options,
+    )
+
+
+def play_match(
+    names: tuple[str, str], seed: int, options: TableOptions, views: list[TableView] | None = None
+) -> tuple[GameState, list[AnyEvent], list[c.Command]]:
+    """A whole seeded match; every view of the seat to act is kept in ``views``."""
+    deals = random.Random(seed)
+    state, events = new_game(options, T0)
+    commands: list[c.Command] = []
+    version = 0
+    while state.status == "playing":
+        version += 1
+        if state.needs_deal:
+            deck = list(range(52))
+            deals.shuffle(deck)
+            state, new = deal(state, deck, "salt", deals.randrange(2), T0)
+        else:
+            seat = to_act(state)
+            assert seat is not None
+            view = seat_view(state, seat, version)
+            if views is not None:
+                views.append(view)
+            command = STRATEGIES[names[seat]](view, random.Random(f"{seed}:{version}"))
+            commands.append(command)
+            state, new = apply(state, seat, command, T0)
+        events += new
+    return state, events, commands
+
+
+@pytest.fixture(scope="module")
+def positions() -> list[TableView]:
+    """Views from seeded games: every phase, stock-only draws, knocks, other knock limits."""
+    views: list[TableView] = []
+    games = [
+        (("luna", "carmen"), 1, TableOptions(target=60)),
+        (("tito", "luna"), 2, TableOptions(target=40, oklahoma=True)),
+        (("carmen", "tito"), 3, TableOptions()),
+        (("tito", "carmen"), 4, TableOptions(target=30, straight_gin=True)),
+    ]
+    for names, seed, options in games:
+        state, _, _ = play_match(names, seed, options, views)
+        views += [seat_view(state, 0), seat_view(state, 1)]
+    return views
+
+
+def _sample(views: list[TableView], count: int) -> list[TableView]:
+    return random.Random(0).sample(views, min(count, len(views)))
+
+
+def _kinds(views: list[TableView]) -> Iterator[str]:
+    for view in views:
+        hand = view.hand
+        if view.status == "match_over":
+            yield "match_over"
+        elif hand is not None:
+            yield hand.phase
+            if hand.stock_only:
+                yield "stock_only"
+            moves = view.legal
+            if any(isinstance(m, c.Knock) for m in moves):
+                yield "knock"
+            if hand.phase == "discard" and sum(isinstance(m, c.Discard) for m in moves) == 10:
+                yield "after_taking"
+            if hand.knock_limit != 10:
+                yield "other_limit"
+
+
+def test_positions_cover_every_kind_of_decision(positions: list[TableView]) -> None:
+    kinds = set(_kinds(positions))
+    expected = {"upcard", "draw", "discard", "stock_only", "knock", "after_taking"}
+    assert expected | {"match_over", "other_limit"} <= kinds
+
+
+@pytest.mark.parametrize("name", ["tito", "carmen", "luna"])
+def test_strategy_only_returns_a_legal_move(name: str, positions: list[TableView]) -> None:
+    decide = STRATEGIES[name]
+    views = positions if name != "luna" else _sample(positions, 150)
+    for i, view in enumerate(views):
+        move = decide(view, random.Random(i))
+        assert move in view.legal, (name, view.hand, move)
+        assert not isinstance(move, QUITS)
+
+
+@pytest.mark.parametrize("name", ["tito", "carmen", "luna"])
+def test_match_over_asks_for_a_rematch_once(name: str) -> None:
+    state, _, _ = play_match(("carmen", "tito"), 5, TableOptions(target=20))
+    assert state.status == "match_over"
+    assert STRATEGIES[name](seat_view(state, 0), random.Random(0)) == c.Rematch()
+    state, _ = apply(state, 0, c.Rematch(), T0)
+    with pytest.raises(NoDecision):
+        STRATEGIES[name](seat_view(state, 0), random.Random(0))
+
+
+@pytest.mark.parametrize("name", ["tito", "carmen", "luna"])
+def test_nothing_to_decide_on_the_opponents_turn(name: str, positions: list[TableView]) -> None:
+    view = next(v for v in positions if v.hand is not None)
+    other = seat_view_of_other(view)
+    with pytest.raises(NoDecision):
+        STRATEGIES[name](other, random.Random(0))
+
+
+def seat_view_of_other(view: TableView) -> TableView:
+    """The same view, as if it were the other seat's turn (only resign and leave are legal)."""
+    assert view.hand is not None
+    assert view.you is not None
+    hand = msgspec.structs.replace(view.hand, to_act=1 - view.you)
+    return msgspec.structs.replace(view, hand=hand, legal=[c.Resign(), c.Leave()])
+
+
+@pytest.mark.parametrize("names", [("luna", "carmen"), ("tito", "luna")])
+def test_seeded_match_replays_identically(names: tuple[str, str]) -> None:
+    options = TableOptions(target=50)
+    first = play_match(names, 11, options)
+    second = play_match(names, 11, options)
+    assert first[2] == second[2]
+    assert msgspec.json.encode(first[1]) == msgspec.json.encode(second[1])
+
+
+@pytest.mark.parametrize("name", ["tito", "carmen", "luna"])
+def test_decision_is_a_function_of_the_view_alone(name: str, positions: list[TableView]) -> None:
+    """The same view, also one rebuilt from its JSON (as a worker gets it), and the same
+    seed give the same move, whatever the global random state."""
+    decide = STRATEGIES[name]
+    for i, view in enumerate(_sample(positions, 40)):
+        random.seed(i)
+        move = decide(view, random.Random(i))
+        rebuilt = msgspec.json.decode(msgspec.json.encode(view), type=TableView)
+        random.seed(i + 1000)
+        assert decide(rebuilt, random.Random(i)) == move
+        assert decide(view, random.Random(i)) == move
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(STRATEGY_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_strategy_modules_cannot_reach_the_state(path: Path) -> None:
+    """No strategy module imports the engine's state, its state machine, the table service,
+    or anything with a clock or I/O."""
+    forbidden = ("shared.engine.state", "shared.engine.game", "services.table", "shared.infra")
+    impure = {"time", "datetime", "os", "socket", "asyncio", "aio_pika", "asyncpg"}
+    for name in _imports(path):
+        assert not name.startswith(forbidden), (path.name, name)
+        assert name.split(".")[0] not in impure, (path.name, name)
+        assert name not in ("shared.engine.GameState", "shared.engine.HandState"), name
+
+
+def test_tito_never_breaks_a_meld_while_holding_an_unmatched_card(
+    positions: list[TableView],
+) -> None:
+    for i, view in enumerate(positions):
+        if view.hand is None or view.hand.phase != "discard" or view.hand.my_cards is None:
+            continue
+        move = tito.decide(view, random.Random(i))
+        if not isinstance(move, c.Discard):
+            continue
+        allowed = {m.card for m in view.legal if isinstance(m, c.Discard)}
+        cards = [BY_TEXT[t] for t in view.hand.my_cards]
+        unmatched = {str(x) for x in best_arrangement(cards).deadwood} & allowed
+        assert not unmatched or move.card in unmatched, (view.hand.my_cards, move)
+
+
+def test_carmen_knocks_at_the_first_chance(positions: list[TableView]) -> None:
+    for view in positions:
+        knocks = [m for m in view.legal if isinstance(m, c.Knock)]
+        if knocks:
+            move = carmen.decide(view, random.Random(0))
+            lowest = min(k.deadwood or 0 for k in knocks)
+            assert isinstance(move, c.BigGin) or (
+                isinstance(move, c.Knock) and move.deadwood == lowest
+            )
+
+
+def test_luna_never_misses_gin(positions: list[TableView]) -> None:
+    for view in positions:
+        gin = [m for m in view.legal if isinstance(m, c.Knock) and m.deadwood == 0]
+        if gin:
+            move = luna.decide(view, random.Random(0))
+            assert isinstance(move, c.BigGin) or (isinstance(move, c.Knock) and move.deadwood == 0)
+
+
+def test_load_takes_a_level_or_module_callable() -> None:
+    assert load("luna") is luna.decide
+    assert load("services.bots.strategies.tito:decide") is tito.decide
+    with pytest.raises(ValueError, match="unknown strategy"):
+        load("nobody")
+    with pytest.raises(AttributeError):
+        load("services.bots.strategies.tito:nothing")
+
+
+def test_small_tournament_prints_one_consistent_json_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tito_spec = "services.bots.strategies.tito:decide"
+    tournament.main(["--a", tito_spec, "--b", "carmen", "--matches", "4", "--seed", "7"])
+    out = capsys.readouterr()
+    result = json.loads(out.out.strip().splitlines()[-1])
+    assert "matches" in out.err
+    assert (result["a"], result["b"]) == (tito_spec, "carmen")
+    assert result["matches"] == 4
+    assert result["a_wins"] + result["b_wins"] == 4
+    assert 0 <= result["ci95"][0] <= result["a_win_rate"] <= result["ci95"][1] <= 1
+    for field in ("points_per_hand", "gins", "undercuts", "decision_ms"):
+        assert set(result[field]) == {"a", "b"}
+    for label in ("a", "b"):
+        assert set(result["decision_ms"][label]) >= {"p50", "p99"}
+    assert isinstance(result["dead_hands"], int)
+
+
+def test_mirrored_pairs_share_their_decks_and_swap_seats() -> None:
+    first, second = tournament.play_pair((("carmen", "tito"), 3, 0, 2))
+    assert first.pair == second.pair == 0
+    assert tournament.deck_for(3, 0, 0) == tournament.deck_for(3, 0, 0)
+    assert tournament.deck_for(3, 0, 0) != tournament.deck_for(3, 1, 0)
+    assert {first.winner, second.winner} <= {"a", "b"}
+    assert len(first.decision_s["a"]) > 0
+    assert len(second.decision_s["b"]) > 0
+
+
+def test_wilson_interval() -> None:
+    low, high = tournament.wilson(60, 100)
+    assert low == pytest.approx(0.5020, abs=1e-4)
+    assert high == pytest.approx(0.6906, abs=1e-4)
