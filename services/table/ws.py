@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -51,6 +52,7 @@ class Client:
     ready: bool = False  # the snapshot went out: events may follow
     last_seq: int = 0
     last_chat_seq: int = 0
+    notices: set[uuid.UUID] = field(default_factory=set)  # timer events sent (by envelope id)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -89,8 +91,8 @@ class Hub:
         watchers.add(client)
         self.open_sockets.inc()
         if first and self.queue is not None and self.exchange is not None:
-            await self.queue.bind(self.exchange, f"table.{table_id}.*")
-            await self.queue.bind(self.exchange, f"chat.{table_id}.*")
+            for key in watched_keys(table_id):
+                await self.queue.bind(self.exchange, key)
 
     async def detach(self, table_id: str, client: Client) -> None:
         """Stop watching; the last watcher of a table unbinds it."""
@@ -101,8 +103,8 @@ class Hub:
             self.clients.pop(table_id, None)
             if self.queue is not None and self.exchange is not None:
                 with contextlib.suppress(Exception):  # the broker may be away; no harm
-                    await self.queue.unbind(self.exchange, f"table.{table_id}.*")
-                    await self.queue.unbind(self.exchange, f"chat.{table_id}.*")
+                    for key in watched_keys(table_id):
+                        await self.queue.unbind(self.exchange, key)
 
     async def close_all(self) -> None:
         """Close every socket with 1001 (going away): clients reconnect to another replica."""
@@ -140,6 +142,12 @@ class Hub:
             for client in list(watchers):
                 if envelope.seq > client.last_chat_seq:
                     client.last_chat_seq = envelope.seq
+                    await _send(client, WsEvent(event=envelope))
+            return
+        if envelope.type == "absence_claimable":  # from the timers: its own numbering
+            for client in list(watchers):
+                if envelope.id not in client.notices:
+                    client.notices.add(envelope.id)
                     await _send(client, WsEvent(event=envelope))
             return
         if all(c.last_seq >= envelope.seq for c in watchers):
@@ -201,6 +209,11 @@ async def _send(client: Client, message: msgspec.Struct) -> None:
 
 
 HUB = web.AppKey("hub", Hub)
+
+
+def watched_keys(table_id: str) -> tuple[str, ...]:
+    """The routing keys of everything a table's sockets receive: its events, chat, timers."""
+    return (f"table.{table_id}.*", f"chat.{table_id}.*", f"timer.{table_id}.*")
 
 
 async def table_socket(request: web.Request) -> web.StreamResponse:

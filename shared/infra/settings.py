@@ -33,6 +33,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     db_pool_size: int = 10
     relay_batch: int = 500
     relay_poll_s: float = 1.0
+    timer_poll_s: float = 1.0  # the timer service looks for due deadlines at least this often
+    timer_batch: int = 100  # due deadlines taken per transaction
+    timer_retry_s: float = 600.0  # an expiry the table has not reported yet is sent again after
     shutdown_grace_s: float = 10.0
 
     @classmethod

@@ -1,0 +1,238 @@
+"""The real timer service (and the real table service) against this run's servers.
+
+Every test of a server (``clean_timers``) starts from an empty ``gin_timers`` schema and an
+empty, bound timer queue, so the deadlines of one test never fire in another (they share the
+run's database and prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import aiohttp
+import asyncpg
+import msgspec
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.timers.app import create_app, migrate
+from services.timers.consumer import TABLE_EVENTS, TIMERS_QUEUE, declare_queue
+from shared.contracts.names import EVENTS_EXCHANGE
+from shared.infra import amqp
+from shared.infra.settings import Settings
+from tests.table.conftest import Api
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def timing(settings: Settings, absence_s: float, expiry_s: float, **more: Any) -> Settings:
+    """The run's settings with short absence and expiry times and a quick firing loop."""
+    changes: dict[str, Any] = {"timer_poll_s": 0.1, "relay_poll_s": 0.1, **more}
+    return msgspec.structs.replace(
+        settings, absence_after_s=absence_s, expiry_after_s=expiry_s, **changes
+    )
+
+
+@pytest.fixture(scope="session")
+def _timer_queue_removed(settings: Settings) -> Iterator[None]:
+    """Delete the run's timer queue at the end (the session cleanup knows only its own)."""
+    yield
+
+    async def delete() -> None:
+        connection = await aio_pika.connect(settings.amqp_url)
+        async with connection:
+            await (await connection.channel()).queue_delete(settings.prefix + TIMERS_QUEUE)
+
+    asyncio.run(delete())
+
+
+@pytest.fixture
+async def clean_timers(settings: Settings, _timer_queue_removed: None) -> None:
+    """An empty timer schema and an empty timer queue, bound before any table event."""
+    await migrate(settings)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute("TRUNCATE gin_timers.deadlines, gin_timers.tables, gin_timers.outbox")
+    finally:
+        await conn.close()
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        exchanges = await amqp.declare_topology(channel, settings.prefix)
+        queue = await declare_queue(channel, settings.prefix)
+        await queue.bind(exchanges[EVENTS_EXCHANGE], TABLE_EVENTS)
+        await queue.purge()
+
+
+@contextlib.asynccontextmanager
+async def open_timers(
+    settings: Settings, clock: Callable[[], float] = time.time
+) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    """The real timer service in this process, with its HTTP client."""
+    async with TestClient(TestServer(create_app(settings, clock=clock))) as client:
+        yield client
+
+
+@pytest.fixture
+async def tdb(settings: Settings) -> AsyncIterator[TimerDb]:
+    conn = await asyncpg.connect(
+        settings.database_url, server_settings={"search_path": "gin_timers"}
+    )
+    try:
+        yield TimerDb(conn)
+    finally:
+        await conn.close()
+
+
+class TimerDb:
+    """Reads of the timer service's own schema, for assertions."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    async def deadlines(self, table_id: str) -> dict[str, asyncpg.Record]:
+        rows = await self.conn.fetch("SELECT * FROM deadlines WHERE table_id = $1", table_id)
+        return {row["kind"]: row for row in rows}
+
+    async def last_seq(self, table_id: str) -> int | None:
+        value: int | None = await self.conn.fetchval(
+            "SELECT last_seq FROM tables WHERE table_id = $1", table_id
+        )
+        return value
+
+    async def until_applied(self, table_id: str, seq: int, within_s: float = 10.0) -> None:
+        """Wait until the timer service has applied the table's events up to ``seq``."""
+        deadline = time.monotonic() + within_s
+        while (await self.last_seq(table_id) or 0) < seq:
+            assert time.monotonic() < deadline, f"seq {seq} of {table_id} not applied"
+            await asyncio.sleep(0.02)
+
+    async def expire_commands(self, table_id: str) -> list[dict[str, Any]]:
+        """The expire commands the service sent for a table (its outbox rows)."""
+        rows = await self.conn.fetch(
+            "SELECT body, published_at FROM outbox WHERE exchange = '' ORDER BY id"
+        )
+        bodies = [dict(msgspec.json.decode(r["body"]), published=r["published_at"]) for r in rows]
+        return [b for b in bodies if b["table_id"] == table_id]
+
+
+async def until_status(api: Api, table_id: str, status: str, within_s: float = 10.0) -> Any:
+    """The public view of a table once it has that status."""
+    deadline = time.monotonic() + within_s
+    while (view := await api.view(table_id))["status"] != status:
+        assert time.monotonic() < deadline, f"{table_id} is still {view['status']}"
+        await asyncio.sleep(0.05)
+    return view
+
+
+def parse_time(text: str) -> float:
+    """An RFC 3339 time of the API as a clock reading."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+async def metrics_of(
+    client: TestClient[web.Request, web.Application], url: str = "/metrics"
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of a /metrics page: {(name, sorted labels): value}."""
+    async with client.get(url) as r:
+        assert r.status == 200
+        text = await r.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TimerProcess:
+    """``python -m services.timers`` as a process, configured only through GIN_* variables."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, within_s: float = 30.0) -> None:
+        s = self.settings
+        env = {
+            **os.environ,
+            "GIN_DATABASE_URL": s.database_url,
+            "GIN_AMQP_URL": s.amqp_url,
+            "GIN_PREFIX": s.prefix,
+            "GIN_HTTP_PORT": str(self.port),
+            "GIN_ABSENCE_AFTER_S": str(s.absence_after_s),
+            "GIN_EXPIRY_AFTER_S": str(s.expiry_after_s),
+            "GIN_TIMER_POLL_S": str(s.timer_poll_s),
+            "GIN_RELAY_POLL_S": str(s.relay_poll_s),
+            "GIN_LOG_FORMAT": "json",
+            "GIN_LOG_LEVEL": "info",
+            "GIN_SHUTDOWN_GRACE_S": "5",
+        }
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "services.timers",
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + within_s
+        async with aiohttp.ClientSession() as session:
+            while True:
+                assert self.proc.returncode is None, self.output()
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(self.url + "/readyz") as r:
+                        if r.status == 200:
+                            return
+                assert time.monotonic() < deadline, "the timer service was not ready in time"
+                await asyncio.sleep(0.1)
+
+    async def stop(self) -> int:
+        """SIGTERM, and wait for a clean exit; the exit code."""
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), 15)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+            raise
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def logged(self, event: str) -> list[dict[str, Any]]:
+        """The JSON log lines of one event name."""
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(msgspec.DecodeError):
+                record = msgspec.json.decode(line)
+                if isinstance(record, dict) and record.get("event") == event:
+                    out.append(record)
+        return out
