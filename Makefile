@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: dev test check fmt bench venv clean servers servers-stop
+.PHONY: dev test check fmt bench venv clean servers servers-stop asyncapi openapi docs manifests
 
 venv: $(STAMP)
 
@@ -40,3 +40,15 @@ dev: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+asyncapi: venv
+	$(BIN)/python scripts/asyncapi.py > docs/asyncapi.yaml.tmp && mv docs/asyncapi.yaml.tmp docs/asyncapi.yaml
+
+openapi: venv
+	$(BIN)/python scripts/openapi.py > docs/openapi.yaml.tmp && mv docs/openapi.yaml.tmp docs/openapi.yaml
+
+docs: asyncapi openapi
+
+manifests:
+	kubectl kustomize deploy/k8s/overlays/dev
+	kubectl kustomize deploy/k8s/overlays/prod
