@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
-from aio_pika.abc import AbstractRobustConnection
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.bots.worker import BotMetrics, BotWorker, Strategy
-from shared.infra import amqp
-from shared.infra.ops import REGISTRY, add_ops_routes
+from shared.infra import service
+from shared.infra.ops import REGISTRY
+from shared.infra.service import BROKER, SETTINGS
 from shared.infra.settings import Settings
 
-SETTINGS = web.AppKey("settings", Settings)
-CONNECTION = web.AppKey("connection", AbstractRobustConnection)
 PREFETCH = 8
 
 
@@ -33,19 +31,12 @@ def create_app(
     worker = BotWorker(strategies, settings.prefix, settings.bot_think_s, BotMetrics(registry))
 
     async def broker(app: web.Application) -> AsyncIterator[None]:
-        connection = await amqp.connect(settings.amqp_url)
-        app[CONNECTION] = connection
-        channel = await connection.channel()
-        await amqp.declare_topology(channel, settings.prefix)
+        channel, _ = await service.open_broker(app)
         await channel.close()
-        await worker.start(connection, PREFETCH)
+        await worker.start(app[BROKER], PREFETCH)
         yield
-        await connection.close()
-
-    async def broker_up() -> None:
-        if app[CONNECTION].is_closed:
-            raise ConnectionError("the RabbitMQ connection is down")
+        await app[BROKER].close()
 
     app.cleanup_ctx.append(broker)
-    add_ops_routes(app, {"rabbitmq": broker_up})
+    service.add_health(app, database=False)
     return app

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import asyncpg
 import msgspec
 import structlog
 from aiohttp import web
@@ -13,12 +12,10 @@ from prometheus_client import CollectorRegistry, Counter
 from services.chat.chat import Chat, Refused
 from shared.contracts.api import ErrorBody, ErrorDetail
 from shared.infra.auth import AuthError, Identity, bearer, verify
-from shared.infra.settings import Settings
+from shared.infra.service import POOL, SETTINGS
 
 log = structlog.get_logger()
 
-SETTINGS = web.AppKey("settings", Settings)
-POOL = web.AppKey("pool", asyncpg.Pool)
 CHAT = web.AppKey("chat", Chat)
 HISTORY_LIMIT = 50  # messages per page unless ``limit`` says otherwise
 HISTORY_MAX = 100

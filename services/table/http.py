@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import asyncpg
 import msgspec
 import structlog
 from aiohttp import web
@@ -29,13 +28,11 @@ from shared.contracts.api import (
 from shared.contracts.commands import AnyCommand
 from shared.engine import IllegalAction
 from shared.infra.auth import AuthError, Identity, bearer, mint, verify
-from shared.infra.settings import Settings
+from shared.infra.service import POOL, SETTINGS
 
 log = structlog.get_logger()
 T = TypeVar("T")
 
-SETTINGS = web.AppKey("settings", Settings)
-POOL = web.AppKey("pool", asyncpg.Pool)
 TABLES = web.AppKey("tables", Tables)
 # Called with each committed change: the WebSocket hub delivers it to this replica's clients.
 Committed = Callable[[Change], Awaitable[None]]

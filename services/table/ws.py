@@ -27,7 +27,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from prometheus_client import CollectorRegistry, Gauge
 
 from services.table import store
-from services.table.http import POOL, TABLES, identity_of, refusal_of, run_command
+from services.table.http import TABLES, identity_of, refusal_of, run_command
 from services.table.store import TableRow
 from services.table.tables import Refused, Tables
 from shared.contracts.api import WsCommand, WsError, WsEvent, WsSnapshot
@@ -35,6 +35,7 @@ from shared.contracts.envelope import Envelope, envelope_decoder
 from shared.contracts.names import EVENTS_EXCHANGE
 from shared.contracts.views import TableView
 from shared.infra.auth import AuthError, Identity
+from shared.infra.service import POOL
 
 log = structlog.get_logger()
 _json = msgspec.json.Encoder()

@@ -70,6 +70,8 @@ def wait_once(
     stakes: Stakes, k: Knowledge, hand: int, card: int, opponents: list[int], rng: random.Random
 ) -> float:
     """The mean match chance of discarding ``card`` now and knocking on the next turn."""
+    if k.stock_count <= DEAD_HAND_AT:
+        return stakes.stays()  # this discard ends the hand as a dead hand (R8.1)
     kept = hand & ~(1 << card)
     total = 0.0
     for opp in opponents:
@@ -83,7 +85,7 @@ def _round(stakes: Stakes, k: Knowledge, kept: int, card: int, opp: int, drawn: 
     """One round after discarding ``card``: the opponent's turn, then the seat's."""
     stock_left = k.stock_count
     bit = 1 << card
-    took_card, after = best_discard(opp | bit, bit)
+    thrown, after = best_discard(opp | bit, bit)
     if after < deadwood_points(opp):
         opp_hand = opp | bit
     else:
@@ -91,15 +93,15 @@ def _round(stakes: Stakes, k: Knowledge, kept: int, card: int, opp: int, drawn: 
             return stakes.stays()
         opp_hand = opp | 1 << drawn.pop(0)
         stock_left -= 1
-        took_card, after = best_discard(opp_hand)
+        thrown, after = best_discard(opp_hand)
     if deadwood_points(opp_hand) == 0:
         return stakes.lost(stakes.big_gin + deadwood_points(kept))
-    opp_kept = opp_hand & ~(1 << took_card)
+    opp_kept = opp_hand & ~(1 << thrown)
     if after <= k.knock_limit:
         return knock_result(stakes, opp_kept, opp_hand, kept, False)
     if stock_left <= DEAD_HAND_AT:
         return stakes.stays()
-    return _my_turn(stakes, kept, took_card, opp_kept, drawn)
+    return _my_turn(stakes, kept, thrown, opp_kept, drawn)
 
 
 def _my_turn(stakes: Stakes, kept: int, top: int, opp: int, drawn: list[int]) -> float:

@@ -1,0 +1,127 @@
+"""What every service's app does the same way: its database, broker, relay, health, main.
+
+A service's ``create_app`` composes these; nothing here opens anything at import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from pathlib import Path
+
+import asyncpg
+import msgspec
+import uvloop
+from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
+from aiohttp import web
+
+from shared.infra import amqp, db
+from shared.infra.logs import configure
+from shared.infra.ops import REGISTRY, add_ops_routes
+from shared.infra.outbox import SQL_DIR, OutboxRelay, RelayMetrics
+from shared.infra.settings import Settings, env_name
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", asyncpg.Pool)
+BROKER = web.AppKey("broker", AbstractRobustConnection)
+CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
+
+
+async def migrate(settings: Settings, schema: str, migrations: Path) -> None:
+    """Apply a service's migrations, its outbox's first (also run as a Job before a deploy)."""
+    await db.migrate_url(settings.database_url, schema, SQL_DIR, migrations)
+
+
+def database(schema: str, migrations: Path) -> CleanupCtx:
+    """A cleanup context: migrate, open the pool in the service's schema, close it."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        settings = app[SETTINGS]
+        await migrate(settings, schema, migrations)
+        app[POOL] = await db.create_pool(settings.database_url, schema, settings.db_pool_size)
+        yield
+        await app[POOL].close()
+
+    return ctx
+
+
+async def open_broker(
+    app: web.Application,
+) -> tuple[AbstractRobustChannel, dict[str, AbstractExchange]]:
+    """Connect (robustly), declare the topology; a confirming channel and the exchanges."""
+    settings = app[SETTINGS]
+    app[BROKER] = await amqp.connect(settings.amqp_url)
+    channel = await app[BROKER].channel(publisher_confirms=True)
+    exchanges = await amqp.declare_topology(channel, settings.prefix)
+    return channel, exchanges
+
+
+def relay(
+    app: web.Application, schema: str, exchanges: Mapping[str, AbstractExchange]
+) -> OutboxRelay:
+    """The outbox relay of a service's schema, with its metrics on the app's registry."""
+    settings = app[SETTINGS]
+    return OutboxRelay(
+        app[POOL],
+        schema,
+        exchanges,
+        settings.prefix,
+        RelayMetrics(app[REGISTRY]),
+        batch=settings.relay_batch,
+        poll_s=settings.relay_poll_s,
+    )
+
+
+async def cancel(*tasks: asyncio.Task[None]) -> None:
+    """Cancel background tasks and wait for them to end."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def add_health(app: web.Application, database: bool = True) -> None:
+    """/healthz, /readyz (PostgreSQL and RabbitMQ reachable) and /metrics."""
+
+    async def postgresql() -> None:
+        async with app[POOL].acquire() as conn:
+            await conn.fetchval("SELECT 1")
+
+    async def rabbitmq() -> None:
+        if BROKER not in app or app[BROKER].is_closed:
+            raise ConnectionError("the RabbitMQ connection is down")
+
+    checks: dict[str, Callable[[], Awaitable[object]]] = {"rabbitmq": rabbitmq}
+    if database:
+        checks = {"postgresql": postgresql, **checks}
+    add_ops_routes(app, checks)
+
+
+def main(
+    create_app: Callable[[Settings], web.Application],
+    migrate_only: Callable[[Settings], Coroutine[object, object, None]] | None = None,
+    default_port: int | None = None,
+) -> None:
+    """Run a service until SIGTERM or SIGINT, then drain; ``migrate`` as the only argument
+    applies its migrations and exits. ``default_port`` applies when GIN_HTTP_PORT is unset."""
+    settings = Settings.from_env()
+    if default_port is not None and env_name("http_port") not in os.environ:
+        settings = msgspec.structs.replace(settings, http_port=default_port)
+    configure(settings.log_format, settings.log_level)
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    if sys.argv[1:] == ["migrate"]:
+        if migrate_only is None:
+            sys.exit("this service has no database to migrate")
+        asyncio.run(migrate_only(settings))
+        return
+    web.run_app(
+        create_app(settings),
+        host=settings.http_host,
+        port=settings.http_port,
+        shutdown_timeout=settings.shutdown_grace_s,
+        print=None,
+    )
