@@ -12,11 +12,12 @@ from prometheus_client import CollectorRegistry
 
 from services.chat.chat import Chat
 from services.chat.consumer import TableEventConsumer
-from services.chat.http import CHAT, METRICS, ChatMetrics, add_routes, log_context, refusals
+from services.chat.http import CHAT, METRICS, ChatMetrics, add_routes, refusals
 from shared.infra import service
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
+from shared.infra.web import log_context
 
 SCHEMA = "gin_chat"
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import msgspec
@@ -32,28 +32,9 @@ from shared.contracts.names import EVENTS_EXCHANGE, chat_key
 from shared.infra import outbox
 from shared.infra.auth import Identity
 from shared.infra.db import Conn
+from shared.infra.web import Refused
 
 _json = msgspec.json.Encoder()
-
-
-class Refused(Exception):
-    """A request refused before any change: an HTTP status, the error body's fields and any
-    headers the answer needs (``Retry-After``)."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        rule: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.rule = rule
-        self.headers = dict(headers or {})
 
 
 def envelope_of(message: StoredMessage) -> Envelope:

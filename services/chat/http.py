@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import msgspec
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from services.chat.chat import Chat, Refused
-from shared.contracts.api import ErrorBody, ErrorDetail
+from services.chat.chat import Chat
+from shared.contracts.api import ErrorDetail
+from shared.infra import web as web_edge
 from shared.infra.auth import AuthError, Identity, bearer, verify
 from shared.infra.service import POOL, SETTINGS
+from shared.infra.web import Refused
 
 log = structlog.get_logger()
 
@@ -43,56 +43,13 @@ class ChatMetrics:
 METRICS = web.AppKey("chat_metrics", ChatMetrics)
 
 
-def error_response(
-    status: int, detail: ErrorDetail, headers: dict[str, str] | None = None
-) -> web.Response:
-    """The one error shape: ``{"error": {"code", "message", "rule"}}``."""
-    return web.json_response(
-        body=_json.encode(ErrorBody(error=detail)), status=status, headers=headers
-    )
+def _count_refusal(request: web.Request, status: int, detail: ErrorDetail) -> None:
+    if request.method == "POST" and METRICS in request.app:
+        request.app[METRICS].messages.labels(detail.code).inc()
+    log.info("chat_refused", code=detail.code, status=status)
 
 
-def refusal_of(exc: Exception) -> tuple[int, ErrorDetail, dict[str, str]]:
-    """The HTTP status, error body and headers of a refused request."""
-    if isinstance(exc, Refused):
-        return (
-            exc.status,
-            ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule),
-            exc.headers,
-        )
-    if isinstance(exc, AuthError):
-        return 401, ErrorDetail(code="unauthorized", message=str(exc)), {}
-    if isinstance(exc, msgspec.ValidationError):
-        return 400, ErrorDetail(code="invalid_request", message=str(exc)), {}
-    if isinstance(exc, msgspec.DecodeError):
-        return 400, ErrorDetail(code="malformed_json", message=f"the body is not JSON: {exc}"), {}
-    raise exc
-
-
-@web.middleware
-async def log_context(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Each request logs with its own context: the table it names."""
-    structlog.contextvars.clear_contextvars()
-    if "id" in request.match_info:
-        structlog.contextvars.bind_contextvars(table_id=request.match_info["id"])
-    return await handler(request)
-
-
-@web.middleware
-async def refusals(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Turn every refusal into the error shape; nothing was changed by a refused request."""
-    try:
-        return await handler(request)
-    except (Refused, AuthError, msgspec.ValidationError, msgspec.DecodeError) as exc:
-        status, detail, headers = refusal_of(exc)
-        if request.method == "POST" and METRICS in request.app:
-            request.app[METRICS].messages.labels(detail.code).inc()
-        log.info("chat_refused", code=detail.code, status=status)
-        return error_response(status, detail, headers)
+refusals = web_edge.refusals(on_refused=_count_refusal)
 
 
 def identity_of(request: web.Request) -> Identity:

@@ -17,7 +17,6 @@ from services.table.http import (
     TABLES,
     CommandMetrics,
     add_routes,
-    log_context,
     refusals,
 )
 from services.table.store import Change
@@ -27,6 +26,7 @@ from shared.infra import service
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
+from shared.infra.web import log_context
 
 SCHEMA = "gin_table"
 MIGRATIONS = Path(__file__).parent / "migrations"

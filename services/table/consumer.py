@@ -17,10 +17,11 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from services.table.store import Change
-from services.table.tables import Actor, Refused, Tables
+from services.table.tables import Actor, Tables
 from shared.contracts.api import QueuedCommand
 from shared.contracts.names import COMMANDS_QUEUE
 from shared.engine import IllegalAction
+from shared.infra.web import Refused
 
 log = structlog.get_logger()
 _decoder = msgspec.json.Decoder(QueuedCommand)

@@ -14,10 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.table import store
 from services.table.store import Change
-from services.table.tables import Actor, Refused, Tables
+from services.table.tables import Actor, Tables
 from shared.contracts.api import (
     CreateTable,
-    ErrorBody,
     ErrorDetail,
     JoinTable,
     MintToken,
@@ -27,8 +26,10 @@ from shared.contracts.api import (
 )
 from shared.contracts.commands import AnyCommand
 from shared.engine import IllegalAction
+from shared.infra import web as web_edge
 from shared.infra.auth import AuthError, Identity, bearer, mint, verify
 from shared.infra.service import POOL, SETTINGS
+from shared.infra.web import Refusal, Refused
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -65,57 +66,19 @@ class CommandMetrics:
 METRICS = web.AppKey("command_metrics", CommandMetrics)
 
 
-def error_response(status: int, code: str, message: str, rule: str | None = None) -> web.Response:
-    """The one error shape: ``{"error": {"code", "message", "rule"}}``."""
-    body = ErrorBody(error=ErrorDetail(code=code, message=message, rule=rule))
-    return web.json_response(body=_json.encode(body), status=status)
-
-
-def refusal_of(exc: Exception) -> tuple[int, ErrorDetail]:
-    """The HTTP status and error body of a refused request."""
-    if isinstance(exc, Refused):
-        return exc.status, ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule)
+def refusal_of(exc: Exception) -> Refusal | None:
+    """The shared refusals, the engine's (R-numbered), and unknown command types."""
     if isinstance(exc, IllegalAction):
         status = 400 if exc.code in BAD_INPUT else 409
-        return status, ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule)
-    if isinstance(exc, AuthError):
-        return 401, ErrorDetail(code="unauthorized", message=str(exc))
+        return status, ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule), {}
     if isinstance(exc, msgspec.ValidationError):
         text = str(exc)
-        unknown = "`$.type`" in text or "`$.command.type`" in text
-        code = "unknown_command" if unknown else "invalid_request"
-        return 400, ErrorDetail(code=code, message=text)
-    if isinstance(exc, msgspec.DecodeError):
-        return 400, ErrorDetail(code="malformed_json", message=f"the body is not JSON: {exc}")
-    raise exc
+        if "`$.type`" in text or "`$.command.type`" in text:
+            return 400, ErrorDetail(code="unknown_command", message=text), {}
+    return web_edge.refusal_of(exc)
 
 
-@web.middleware
-async def log_context(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Each request logs with its own context: the table it names, then its command_id."""
-    structlog.contextvars.clear_contextvars()
-    if "id" in request.match_info:
-        structlog.contextvars.bind_contextvars(table_id=request.match_info["id"])
-    return await handler(request)
-
-
-@web.middleware
-async def refusals(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Turn every refusal into the error shape; nothing was changed by a refused request."""
-    try:
-        return await handler(request)
-    except (Refused, IllegalAction, AuthError, msgspec.ValidationError, msgspec.DecodeError) as e:
-        status, detail = refusal_of(e)
-        return error_response(status, detail.code, detail.message, detail.rule)
-    except web.HTTPException as e:  # aiohttp's own refusals (no route, wrong method, too big)
-        if e.status < 400:
-            raise
-        code = {404: "no_such_route", 405: "method_not_allowed", 413: "body_too_large"}
-        return error_response(e.status, code.get(e.status, "bad_request"), e.reason)
+refusals = web_edge.refusals(refusal_of)
 
 
 def identity_of(request: web.Request, required: bool = True) -> Identity | None:

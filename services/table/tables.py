@@ -37,21 +37,11 @@ from shared.engine.state import GameState
 from shared.engine.view import seat_table_view
 from shared.infra.auth import Identity
 from shared.infra.db import Conn
+from shared.infra.web import Refused
 
 BOT_NAMES: dict[BotLevel, str] = {"tito": "TITO", "carmen": "CARMEN", "luna": "LUNA"}
 _json = msgspec.json.Encoder()
 Shuffle = Callable[[], tuple[list[int], str, int]]
-
-
-class Refused(Exception):
-    """A request refused before any change: an HTTP status and the error body's fields."""
-
-    def __init__(self, status: int, code: str, message: str, rule: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.rule = rule
 
 
 class Actor(msgspec.Struct, frozen=True, kw_only=True):

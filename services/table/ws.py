@@ -29,13 +29,14 @@ from prometheus_client import CollectorRegistry, Gauge
 from services.table import store
 from services.table.http import TABLES, identity_of, refusal_of, run_command
 from services.table.store import TableRow
-from services.table.tables import Refused, Tables
+from services.table.tables import Tables
 from shared.contracts.api import WsCommand, WsError, WsEvent, WsSnapshot
 from shared.contracts.envelope import Envelope, envelope_decoder
 from shared.contracts.names import EVENTS_EXCHANGE
 from shared.contracts.views import TableView
 from shared.infra.auth import AuthError, Identity
 from shared.infra.service import POOL
+from shared.infra.web import Refused
 
 log = structlog.get_logger()
 _json = msgspec.json.Encoder()
@@ -265,13 +266,11 @@ async def _on_text(request: web.Request, client: Client, text: str) -> None:
         raw = await run_command(request, message.command, client.identity)
         await _send_raw(client, b'{"kind":"result","result":' + raw + b"}")
     except Exception as exc:
-        try:
-            _, detail = refusal_of(exc)
-        except Exception:
+        refusal = refusal_of(exc)
+        if refusal is None:
             log.exception("ws_command_failed")
-            detail = None
-        if detail is not None:
-            await _send(client, WsError(error=detail))
+        else:
+            await _send(client, WsError(error=refusal[1]))
 
 
 async def _send_raw(client: Client, body: bytes) -> None:
