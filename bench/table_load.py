@@ -27,6 +27,8 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import msgspec
+import uvloop
 
 from shared.infra.auth import mint
 
@@ -37,6 +39,7 @@ import servers  # noqa: E402
 SECRET = "bench-secret-long-enough-for-hs256-signing"
 MATCHES = int(os.environ.get("BENCH_MATCHES", "200"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "20"))
+THINK_S = float(os.environ.get("BENCH_THINK_S", "0.5"))
 POOL_SIZE = 16
 
 
@@ -106,8 +109,11 @@ async def raw_move_rate(url: str, seconds: float, connections: int) -> tuple[flo
 class Match:
     """Two random-legal players at one table, each driven by its own WebSocket."""
 
-    def __init__(self, base: str, session: aiohttp.ClientSession, n: int) -> None:
+    def __init__(
+        self, base: str, session: aiohttp.ClientSession, n: int, think_s: float = 0.0
+    ) -> None:
         self.base = base
+        self.think_s = think_s
         self.session = session
         self.rng = random.Random(n)
         self.tokens = [mint(SECRET, f"p{n}a", "A"), mint(SECRET, f"p{n}b", "B")]
@@ -139,7 +145,7 @@ class Match:
         url = f"{self.base}/v1/tables/{self.table_id}/ws?token={self.tokens[seat]}"
         async with self.session.ws_connect(url) as ws:
             async for msg in ws:
-                data = json.loads(msg.data)
+                data = msgspec.json.decode(msg.data)
                 if data["kind"] == "event":
                     key = (1 - seat, data["event"]["seq"])  # sent by the opponent
                     sent = self.sent_at.pop(key, None)
@@ -162,14 +168,18 @@ class Match:
     async def _move(self, view: dict[str, Any], seat: int) -> dict[str, Any] | None:
         moves = [m for m in view["legal"] if m["type"] not in ("resign", "leave", "claim_absence")]
         move = dict(self.rng.choice(moves), command_id=uuid.uuid4().hex)
+        if self.think_s:  # a person takes a moment (uniform, mean think_s)
+            await asyncio.sleep(self.rng.uniform(0, 2 * self.think_s))
         move["expected_version"] = view["version"]
         self.acted[seat] = view["version"]
         head = {"Authorization": f"Bearer {self.tokens[seat]}"}
         start = time.perf_counter()
         async with self.session.post(
-            f"{self.base}/v1/tables/{self.table_id}/commands", json=move, headers=head
+            f"{self.base}/v1/tables/{self.table_id}/commands",
+            data=msgspec.json.encode(move),
+            headers=head,
         ) as r:
-            body = await r.json()
+            body = msgspec.json.decode(await r.read())
         if r.status != 200:
             self.errors += 1
             return None
@@ -184,11 +194,11 @@ class Match:
         return body["view"]  # type: ignore[no-any-return]
 
 
-async def play(base: str) -> None:
+async def play(base: str, think_s: float) -> None:
     """N matches at once for SECONDS; print the service's figures."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        matches = [Match(base, session, n) for n in range(MATCHES)]
+        matches = [Match(base, session, n, think_s) for n in range(MATCHES)]
         for i in range(0, MATCHES, 20):
             await asyncio.gather(*(m.setup() for m in matches[i : i + 20]))
         start = time.perf_counter()
@@ -201,6 +211,7 @@ async def play(base: str) -> None:
     emit(
         bench="table_moves",
         matches=MATCHES,
+        think_s=think_s,
         per_s=round(moves / elapsed, 1),
         command_to_opponent_ws_p50_ms=round(lat[len(lat) // 2], 2),
         command_to_opponent_ws_p99_ms=round(lat[int(len(lat) * 0.99)], 2),
@@ -266,9 +277,8 @@ def main() -> None:
             per_s=round(rate, 1),
             p50_ms=round(p50, 2),
         )
-        if os.environ.get("BENCH_HOLD"):
-            print("BASE", base, flush=True)
-        asyncio.run(play(base))
+        uvloop.run(play(base, 0.0))  # saturation: every player answers at once
+        uvloop.run(play(base, THINK_S))  # people: a moment's thought before each move
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

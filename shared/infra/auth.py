@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jwt
@@ -27,7 +28,19 @@ def mint(secret: str, sub: str, name: str, ttl_s: float = 30 * 86400.0) -> str:
 
 
 def verify(secret: str, token: str) -> Identity:
-    """The identity a token carries, or AuthError."""
+    """The identity a token carries, or AuthError.
+
+    A player sends the same token with every move: a verified token is remembered until it
+    expires, so the signature is checked once, not on every request.
+    """
+    identity, expires = _verified(secret, token)
+    if expires is not None and expires <= time.time():
+        raise AuthError("the token has expired")
+    return identity
+
+
+@functools.lru_cache(maxsize=20_000)
+def _verified(secret: str, token: str) -> tuple[Identity, float | None]:
     try:
         claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": ["sub"]})
     except jwt.ExpiredSignatureError as exc:
@@ -38,7 +51,9 @@ def verify(secret: str, token: str) -> Identity:
     if not isinstance(sub, str) or not sub:
         raise AuthError("the token has no subject")
     name = claims.get("name")
-    return Identity(id=sub, name=name if isinstance(name, str) and name else sub)
+    exp = claims.get("exp")
+    identity = Identity(id=sub, name=name if isinstance(name, str) and name else sub)
+    return identity, float(exp) if isinstance(exp, int | float) else None
 
 
 def bearer(header: str | None) -> str | None:
