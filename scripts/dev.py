@@ -64,7 +64,7 @@ def main() -> int:
     time.sleep(1.5)
     print(
         "\nSelminha Gin is running:\n"
-        "  table service  http://127.0.0.1:8080   (chat on :8081 when present)\n"
+        "  table service  http://127.0.0.1:8080   chat :8081   timers :8082   bots :8083\n"
         '  a token:       curl -s -XPOST localhost:8080/v1/dev/tokens -d \'{"name": "Ana"}\'\n'
         "  a table:       curl -s -XPOST localhost:8080/v1/tables \\\n"
         "                   -H 'Authorization: Bearer TOKEN'\n"
