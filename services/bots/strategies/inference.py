@@ -10,17 +10,18 @@ as a player keeping its best ten would.
 
 from __future__ import annotations
 
-import math
 import random
 
-from services.bots.strategies.knowledge import Knowledge
+from services.bots.strategies.knowledge import STOCK_AT_DEAL, Knowledge
 from shared.engine.cards import cards_of
-from shared.engine.melds import best_discard
+from shared.engine.melds import best_discard, deadwood_points
 
 TOOK = (1.6, 1.25)  # the neighbours of a card it took: rank mates and next ranks, ranks 2 away
 DROPPED = (0.65, 0.85)  # the neighbours of a card it discarded
 DECLINED = (0.8, 0.95)  # the neighbours of a pile top it passed on
-DEVELOP = 1.0  # extra cards (times the root of its unseen draws) dropped again
+DEVELOP = 1.0  # extra cards drawn and dropped again per stock draw of the opponent ...
+DEVELOP_CAP = 3  # ... up to this many
+REDRAWS = 2
 
 
 def _neighbours(card: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -62,23 +63,43 @@ def held_chances(k: Knowledge, weights: list[float]) -> list[float]:
 
 
 def sample_hands(
-    k: Knowledge, weights: list[float], rng: random.Random, count: int, develop: float = DEVELOP
+    k: Knowledge,
+    weights: list[float],
+    rng: random.Random,
+    count: int,
+    develop: float = DEVELOP,
+    cap: int = DEVELOP_CAP,
 ) -> list[int]:
-    """``count`` plausible opponent hands (masks of all its cards, known ones included)."""
+    """``count`` plausible opponent hands (masks of all its cards, known ones included).
+
+    A hand the opponent could have knocked with is redrawn (up to ``REDRAWS`` times) once the
+    opponent has ended a turn without knocking: most players knock when they can.
+    """
     pool = [card for card in range(52) if weights[card] > 0]
     hidden = max(0, min(k.opp_hidden, len(pool)))
-    extra = min(round(develop * math.sqrt(k.opp_stock_draws)), len(pool) - hidden)
+    extra = min(round(develop * k.opp_stock_draws), cap, len(pool) - hidden)
     inverse = [1.0 / weights[card] for card in pool]
+    would_have_knocked = k.knock_limit if k.stock_count < STOCK_AT_DEAL - 1 else -1
     hands = []
     for _ in range(count):
-        # Efraimidis-Spirakis: the largest keys u ** (1 / w) are a weighted draw without
-        # replacement; the smallest -log(u) / w are the same draw, cheaper to compute.
-        keyed = sorted(zip([rng.expovariate(1.0) * inv for inv in inverse], pool, strict=True))
-        mask = k.opp_known
-        for _, card in keyed[: hidden + extra]:
-            mask |= 1 << card
-        for _ in range(extra):
-            card, _dead = best_discard(mask, k.opp_known)
-            mask &= ~(1 << card)
+        for _ in range(REDRAWS + 1):
+            mask = _draw_hand(k, pool, inverse, hidden, extra, rng)
+            if deadwood_points(mask) > would_have_knocked:
+                break
         hands.append(mask)
     return hands
+
+
+def _draw_hand(
+    k: Knowledge, pool: list[int], inverse: list[float], hidden: int, extra: int, rng: random.Random
+) -> int:
+    """One hand: the known cards, ``hidden + extra`` drawn by weight, the worst ``extra`` out."""
+    # Efraimidis-Spirakis: the smallest keys -log(u) / w are a weighted draw without replacement.
+    keyed = sorted(zip([rng.expovariate(1.0) * inv for inv in inverse], pool, strict=True))
+    mask = k.opp_known
+    for _, card in keyed[: hidden + extra]:
+        mask |= 1 << card
+    for _ in range(extra):
+        card, _dead = best_discard(mask, k.opp_known)
+        mask &= ~(1 << card)
+    return mask

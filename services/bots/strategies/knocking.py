@@ -66,55 +66,99 @@ def knock_now(stakes: Stakes, hand: int, card: int, opponents: list[int]) -> flo
     return total / len(opponents)
 
 
-def wait_once(
-    stakes: Stakes, k: Knowledge, hand: int, card: int, opponents: list[int], rng: random.Random
-) -> float:
-    """The mean match chance of discarding ``card`` now and knocking on the next turn."""
+def waiting(
+    stakes: Stakes,
+    k: Knowledge,
+    hand: int,
+    card: int,
+    opponents: list[int],
+    rng: random.Random,
+    rounds: int,
+) -> list[float]:
+    """The mean match chance of discarding ``card`` now and knocking after 1, 2 .. ``rounds``
+    more turns (gin at once), over the sampled opponent hands."""
     if k.stock_count <= DEAD_HAND_AT:
-        return stakes.stays()  # this discard ends the hand as a dead hand (R8.1)
+        return [stakes.stays()] * rounds  # this discard ends the hand as a dead hand (R8.1)
     kept = hand & ~(1 << card)
-    total = 0.0
+    totals = [0.0] * rounds
     for opp in opponents:
         stock = cards_of(k.unseen & ~opp)
-        drawn = [int(x) for x in rng.sample(stock, min(2, len(stock)))]
-        total += _round(stakes, k, kept, card, opp, drawn)
-    return total / len(opponents)
+        drawn = [int(x) for x in rng.sample(stock, min(2 * rounds, len(stock)))]
+        rollout = Rollout(stakes, k.knock_limit, k.stock_count, drawn)
+        for i, value in enumerate(rollout.play(kept, card, opp, rounds)):
+            totals[i] += value
+    return [total / len(opponents) for total in totals]
 
 
-def _round(stakes: Stakes, k: Knowledge, kept: int, card: int, opp: int, drawn: list[int]) -> float:
-    """One round after discarding ``card``: the opponent's turn, then the seat's."""
-    stock_left = k.stock_count
-    bit = 1 << card
-    thrown, after = best_discard(opp | bit, bit)
-    if after < deadwood_points(opp):
-        opp_hand = opp | bit
-    else:
-        if not drawn:
-            return stakes.stays()
-        opp_hand = opp | 1 << drawn.pop(0)
-        stock_left -= 1
-        thrown, after = best_discard(opp_hand)
-    if deadwood_points(opp_hand) == 0:
-        return stakes.lost(stakes.big_gin + deadwood_points(kept))
-    opp_kept = opp_hand & ~(1 << thrown)
-    if after <= k.knock_limit:
-        return knock_result(stakes, opp_kept, opp_hand, kept, False)
-    if stock_left <= DEAD_HAND_AT:
-        return stakes.stays()
-    return _my_turn(stakes, kept, thrown, opp_kept, drawn)
+class Rollout:
+    """A few rounds played out against one sampled opponent hand and stock."""
 
+    def __init__(self, stakes: Stakes, limit: int, stock_left: int, drawn: list[int]) -> None:
+        self.stakes = stakes
+        self.limit = limit
+        self.stock_left = stock_left
+        self.drawn = drawn
 
-def _my_turn(stakes: Stakes, kept: int, top: int, opp: int, drawn: list[int]) -> float:
-    """The seat draws (the opponent's discard if it helps) and knocks or goes gin."""
-    bit = 1 << top
-    card, after = best_discard(kept | bit, bit)
-    if after < deadwood_points(kept):
-        hand = kept | bit
-    elif drawn:
-        hand = kept | 1 << drawn[0]
-        card, after = best_discard(hand)
-    else:
-        return stakes.stays()
-    if deadwood_points(hand) == 0:
-        return stakes.won(stakes.big_gin + deadwood_points(opp))
-    return knock_result(stakes, hand & ~(1 << card), hand, opp, True)
+    def _draw(self) -> int | None:
+        if not self.drawn or self.stock_left <= 0:
+            return None
+        self.stock_left -= 1
+        return self.drawn.pop(0)
+
+    def play(self, kept: int, top: int, opp: int, rounds: int) -> list[float]:
+        """The match chance of knocking after each of ``rounds`` turns of the seat."""
+        out: list[float] = []
+        while len(out) < rounds:
+            over, value, opp, top = self._their_turn(kept, top, opp)
+            if over:
+                return out + [value] * (rounds - len(out))
+            over, value, kept, top, knock = self._my_turn(kept, top, opp)
+            if over:
+                return out + [value] * (rounds - len(out))
+            out.append(knock)
+            if self.stock_left <= DEAD_HAND_AT:  # waiting on: this discard ends the hand
+                return out + [self.stakes.stays()] * (rounds - len(out))
+        return out
+
+    def _their_turn(self, mine: int, top: int, opp: int) -> tuple[bool, float, int, int]:
+        """The opponent, a greedy player, takes the top if it helps, else draws; knocks if it
+        can. (over, match chance if over, its ten cards, its discard)."""
+        bit = 1 << top
+        thrown, after = best_discard(opp | bit, bit)
+        if after < deadwood_points(opp):
+            hand = opp | bit
+        else:
+            card = self._draw()
+            if card is None:
+                return True, self.stakes.stays(), opp, top
+            hand = opp | 1 << card
+            thrown, after = best_discard(hand)
+        if deadwood_points(hand) == 0:
+            return True, self.stakes.lost(self.stakes.big_gin + deadwood_points(mine)), opp, top
+        kept = hand & ~(1 << thrown)
+        if after <= self.limit:
+            return True, knock_result(self.stakes, kept, hand, mine, False), kept, thrown
+        if self.stock_left <= DEAD_HAND_AT:
+            return True, self.stakes.stays(), kept, thrown
+        return False, 0.0, kept, thrown
+
+    def _my_turn(self, kept: int, top: int, opp: int) -> tuple[bool, float, int, int, float]:
+        """The seat takes the top if it helps, else draws; gin ends the hand. (over, match
+        chance if over, the ten kept, the discard, the match chance of knocking now)."""
+        bit = 1 << top
+        card, after = best_discard(kept | bit, bit)
+        if after < deadwood_points(kept):
+            hand = kept | bit
+        else:
+            drawn = self._draw()
+            if drawn is None:
+                return True, self.stakes.stays(), kept, top, 0.0
+            hand = kept | 1 << drawn
+            card, after = best_discard(hand)
+        if deadwood_points(hand) == 0:
+            return True, self.stakes.won(self.stakes.big_gin + deadwood_points(opp)), kept, top, 0
+        kept = hand & ~(1 << card)
+        knock = knock_result(self.stakes, kept, hand, opp, True)
+        if after == 0:
+            return True, knock, kept, card, knock
+        return False, 0.0, kept, card, knock

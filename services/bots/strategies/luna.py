@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.bots.strategies.inference import held_chances, opponent_weights, sample_hands
-from services.bots.strategies.knocking import Stakes, knock_now, wait_once
+from services.bots.strategies.knocking import Stakes, knock_now, waiting
 from services.bots.strategies.knowledge import (
     Knowledge,
     NoDecision,
@@ -32,7 +32,7 @@ from services.bots.strategies.knowledge import (
     rematch,
 )
 from services.bots.strategies.matchplay import win_chance
-from services.bots.strategies.outlook import REACH, Outlook, stock_chances
+from services.bots.strategies.outlook import REACH, Outlook, knock_threat, stock_chances
 from shared.contracts import commands as c
 from shared.contracts.views import TableView
 from shared.engine.cards import POINTS
@@ -44,10 +44,12 @@ class Style:
 
     potential: float = 1.5  # how much the next draw's expected saving counts against deadwood
     feed: float = 0.6  # how much what a discard gives the opponent counts against it
+    defense: float = 2.0  # extra weight of deadwood, times the chance the opponent can knock
     take_margin: float = 0.0  # how much better the pile top must be than the stock to take it
     feed_samples: int = 16  # opponent hands sampled to price discards
     knock_samples: int = 48  # opponent hands sampled to price a knock
     knock_choices: int = 3  # knock discards priced (the lowest deadwood ones)
+    wait_rounds: int = 3  # how many turns a knock may wait for a better one, gin or undercut
 
 
 STYLE = Style()
@@ -144,11 +146,13 @@ def discard_costs(mind: Mind, allowed: int) -> dict[int, float]:
     """The price of each allowed discard: the hand it leaves and what it feeds the opponent."""
     k, outlook = mind.k, mind.outlook
     opponents = mind.opponents(mind.style.feed_samples)
+    guard = mind.style.defense * knock_threat(outlook, opponents, k.knock_limit)
     costs = {}
     for card in range(52):
         if allowed >> card & 1:
             left = k.hand & ~(1 << card)
-            costs[card] = outlook.value(left) + mind.style.feed * outlook.feed(card, opponents)
+            fed = outlook.feed(card, opponents)
+            costs[card] = outlook.value(left) + guard * outlook.dead(left) + mind.style.feed * fed
     return costs
 
 
@@ -178,6 +182,6 @@ def end_turn(view: TableView, mind: Mind) -> c.Command:
         for card, _, command in options[: mind.style.knock_choices]
     ]
     now, knock = max(priced, key=lambda x: x[0])
-    waiting = min((card for card, _, _ in options), key=lambda card: (costs[card], card))
-    later = wait_once(stakes, k, k.hand, waiting, opponents, mind.rng)
-    return knock if now >= later else discard(view, waiting)
+    wait_card = min((card for card, _, _ in options), key=lambda card: (costs[card], card))
+    later = waiting(stakes, k, k.hand, wait_card, opponents, mind.rng, mind.style.wait_rounds)
+    return knock if now >= max(later) else discard(view, wait_card)

@@ -124,6 +124,26 @@ class Outlook:
         return total / len(opponent_hands)
 
 
+def knock_threat(outlook: Outlook, opponent_hands: list[int], limit: int) -> float:
+    """About how likely the opponent is to be able to knock after its next draw.
+
+    For each sampled hand: the chance that the next stock card, swapped for its worst card,
+    leaves deadwood within the limit (melds the card would make are left out).
+    """
+    if not opponent_hands:
+        return 0.0
+    within = [0.0] * 12  # within[v]: the chance the next card is worth at most v points
+    for card, p in outlook.draws:
+        within[POINTS[card]] += p
+    for value in range(1, 12):
+        within[value] += within[value - 1]
+    total = 0.0
+    for hand in opponent_hands:
+        room = limit - outlook.best_without_one(hand)
+        total += within[min(room, 11)] if room > 0 else 0.0
+    return total / len(opponent_hands)
+
+
 def stock_chances(unseen: int, held: list[float]) -> list[float]:
     """The chance (52) that each card is the next one drawn from the stock."""
     chances = [0.0] * 52
