@@ -90,6 +90,8 @@ def play_match(
         _record(events, labels, result)
     else:
         raise RuntimeError(f"match {table_id} did not end in {MAX_STEPS} moves")
+    if not result.winner:
+        raise RuntimeError(f"match {table_id} ended without a winner")
     return result
 
 

@@ -20,6 +20,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from services.bots.strategies.knowledge import NoDecision
 from shared.contracts import commands as c
 from shared.contracts.api import BotTurn, QueuedCommand
 from shared.contracts.commands import AnyCommand
@@ -101,6 +102,11 @@ class BotWorker:
             started = time.perf_counter()
             command = decide(strategy, turn)
             self.metrics.seconds.labels(turn.level).observe(time.perf_counter() - started)
+        except NoDecision:  # nothing is the bot's to decide in that view (a stale turn)
+            log.info("bot_turn_without_decision", level=turn.level)
+            self.metrics.decisions.labels(turn.level, "none").inc()
+            await message.ack()
+            return
         except Exception:
             log.exception("bot_decision_failed", level=turn.level)
             self.metrics.decisions.labels(turn.level, "failed").inc()

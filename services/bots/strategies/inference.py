@@ -21,7 +21,7 @@ DROPPED = (0.65, 0.85)  # the neighbours of a card it discarded
 DECLINED = (0.8, 0.95)  # the neighbours of a pile top it passed on
 DEVELOP = 1.0  # extra cards drawn and dropped again per stock draw of the opponent ...
 DEVELOP_CAP = 3  # ... up to this many
-REDRAWS = 2
+REDRAWS = 2  # draws of a hand it would have knocked with, before one is kept
 
 
 def _neighbours(card: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

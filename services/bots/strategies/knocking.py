@@ -1,9 +1,10 @@
 """Knock now or wait: both priced by playing the knock out against sampled opponent hands.
 
 Knocking now scores at once against each sampled hand (the opponent lays off, R7.1 to R7.6).
-Waiting is played out one round: the opponent, as a greedy player, takes the discard if it
-helps or draws, and knocks if it can; otherwise the seat draws and knocks (or goes gin) on
-its next turn. Both are priced in the chance of winning the match (``matchplay``).
+Waiting is played out for a few rounds: the opponent, as a greedy player, takes the discard
+if it helps or draws, and knocks as soon as it can (which may let the seat undercut it); the
+seat draws the same way, goes gin at once, and knocks after 1, 2 .. rounds. Each is priced in
+the chance of winning the match (``matchplay``); the best wait is compared with knocking now.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 
 from services.bots.strategies.knowledge import Knowledge
 from services.bots.strategies.matchplay import win_chance
+from services.bots.strategies.outlook import Outlook
 from shared.engine.cards import cards_of
 from shared.engine.layoffs import best_layoffs
-from shared.engine.melds import best_discard, best_meld_masks, deadwood_points
 
 DEAD_HAND_AT = 2  # R8.1: a discard with 2 or fewer cards in the stock ends the hand
 
@@ -44,14 +45,15 @@ class Stakes:
         return win_chance(self.mine, self.theirs, self.target)
 
 
-def knock_result(stakes: Stakes, kept: int, held: int, defender: int, me_first: bool) -> float:
+def knock_result(
+    stakes: Stakes, prices: Outlook, kept: int, held: int, defender: int, me_first: bool
+) -> float:
     """Match chance after the holder of ``kept`` (of ``held``) knocks against ``defender``."""
-    knocker_dead = deadwood_points(kept)
+    knocker_dead = prices.dead(kept)
     if knocker_dead == 0:
-        points = stakes.gin + deadwood_points(defender)
+        points = stakes.gin + prices.dead(defender)
         return stakes.won(points) if me_first else stakes.lost(points)
-    melds = best_meld_masks(kept, held=held)
-    defender_dead = best_layoffs([cards_of(m) for m in melds], cards_of(defender)).points
+    defender_dead = best_layoffs(prices.melds(kept, held), cards_of(defender)).points
     if knocker_dead < defender_dead:
         points = defender_dead - knocker_dead
         return stakes.won(points) if me_first else stakes.lost(points)
@@ -59,17 +61,17 @@ def knock_result(stakes: Stakes, kept: int, held: int, defender: int, me_first: 
     return stakes.lost(points) if me_first else stakes.won(points)
 
 
-def knock_now(stakes: Stakes, hand: int, card: int, opponents: list[int]) -> float:
+def knock_now(stakes: Stakes, prices: Outlook, hand: int, card: int, opponents: list[int]) -> float:
     """The mean match chance of knocking now with the discard ``card``."""
     kept = hand & ~(1 << card)
-    total = sum(knock_result(stakes, kept, hand, opp, True) for opp in opponents)
+    total = sum(knock_result(stakes, prices, kept, hand, opp, True) for opp in opponents)
     return total / len(opponents)
 
 
 def waiting(
     stakes: Stakes,
+    prices: Outlook,
     k: Knowledge,
-    hand: int,
     card: int,
     opponents: list[int],
     rng: random.Random,
@@ -79,12 +81,12 @@ def waiting(
     more turns (gin at once), over the sampled opponent hands."""
     if k.stock_count <= DEAD_HAND_AT:
         return [stakes.stays()] * rounds  # this discard ends the hand as a dead hand (R8.1)
-    kept = hand & ~(1 << card)
+    kept = k.hand & ~(1 << card)
     totals = [0.0] * rounds
     for opp in opponents:
         stock = cards_of(k.unseen & ~opp)
         drawn = [int(x) for x in rng.sample(stock, min(2 * rounds, len(stock)))]
-        rollout = Rollout(stakes, k.knock_limit, k.stock_count, drawn)
+        rollout = Rollout(stakes, prices, k.knock_limit, k.stock_count, drawn)
         for i, value in enumerate(rollout.play(kept, card, opp, rounds)):
             totals[i] += value
     return [total / len(opponents) for total in totals]
@@ -93,8 +95,11 @@ def waiting(
 class Rollout:
     """A few rounds played out against one sampled opponent hand and stock."""
 
-    def __init__(self, stakes: Stakes, limit: int, stock_left: int, drawn: list[int]) -> None:
+    def __init__(
+        self, stakes: Stakes, prices: Outlook, limit: int, stock_left: int, drawn: list[int]
+    ) -> None:
         self.stakes = stakes
+        self.prices = prices
         self.limit = limit
         self.stock_left = stock_left
         self.drawn = drawn
@@ -104,6 +109,13 @@ class Rollout:
             return None
         self.stock_left -= 1
         return self.drawn.pop(0)
+
+    def _draws(self, hand: int, top: int) -> int:
+        """A greedy draw: the top if it lowers the deadwood kept, else the stock (-1: none)."""
+        if self.prices.taken(hand, top) < self.prices.dead(hand):
+            return top
+        card = self._draw()
+        return -1 if card is None else card
 
     def play(self, kept: int, top: int, opp: int, rounds: int) -> list[float]:
         """The match chance of knocking after each of ``rounds`` turns of the seat."""
@@ -123,42 +135,34 @@ class Rollout:
     def _their_turn(self, mine: int, top: int, opp: int) -> tuple[bool, float, int, int]:
         """The opponent, a greedy player, takes the top if it helps, else draws; knocks if it
         can. (over, match chance if over, its ten cards, its discard)."""
-        bit = 1 << top
-        thrown, after = best_discard(opp | bit, bit)
-        if after < deadwood_points(opp):
-            hand = opp | bit
-        else:
-            card = self._draw()
-            if card is None:
-                return True, self.stakes.stays(), opp, top
-            hand = opp | 1 << card
-            thrown, after = best_discard(hand)
-        if deadwood_points(hand) == 0:
-            return True, self.stakes.lost(self.stakes.big_gin + deadwood_points(mine)), opp, top
-        kept = hand & ~(1 << thrown)
-        if after <= self.limit:
-            return True, knock_result(self.stakes, kept, hand, mine, False), kept, thrown
+        prices, stakes = self.prices, self.stakes
+        card = self._draws(opp, top)
+        if card < 0:
+            return True, stakes.stays(), opp, top
+        hand = opp | 1 << card
+        if prices.dead(hand) == 0:
+            return True, stakes.lost(stakes.big_gin + prices.dead(mine)), opp, top
+        kept = prices.keep(hand, 1 << card if card == top else 0)
+        thrown = (hand & ~kept).bit_length() - 1
+        if prices.dead(kept) <= self.limit:
+            return True, knock_result(stakes, prices, kept, hand, mine, False), kept, thrown
         if self.stock_left <= DEAD_HAND_AT:
-            return True, self.stakes.stays(), kept, thrown
+            return True, stakes.stays(), kept, thrown
         return False, 0.0, kept, thrown
 
     def _my_turn(self, kept: int, top: int, opp: int) -> tuple[bool, float, int, int, float]:
         """The seat takes the top if it helps, else draws; gin ends the hand. (over, match
         chance if over, the ten kept, the discard, the match chance of knocking now)."""
-        bit = 1 << top
-        card, after = best_discard(kept | bit, bit)
-        if after < deadwood_points(kept):
-            hand = kept | bit
-        else:
-            drawn = self._draw()
-            if drawn is None:
-                return True, self.stakes.stays(), kept, top, 0.0
-            hand = kept | 1 << drawn
-            card, after = best_discard(hand)
-        if deadwood_points(hand) == 0:
-            return True, self.stakes.won(self.stakes.big_gin + deadwood_points(opp)), kept, top, 0
-        kept = hand & ~(1 << card)
-        knock = knock_result(self.stakes, kept, hand, opp, True)
-        if after == 0:
-            return True, knock, kept, card, knock
-        return False, 0.0, kept, card, knock
+        prices, stakes = self.prices, self.stakes
+        card = self._draws(kept, top)
+        if card < 0:
+            return True, stakes.stays(), kept, top, 0.0
+        hand = kept | 1 << card
+        if prices.dead(hand) == 0:
+            return True, stakes.won(stakes.big_gin + prices.dead(opp)), kept, top, 0.0
+        kept = prices.keep(hand, 1 << card if card == top else 0)
+        thrown = (hand & ~kept).bit_length() - 1
+        knock = knock_result(stakes, prices, kept, hand, opp, True)
+        if prices.dead(kept) == 0:
+            return True, knock, kept, thrown, knock
+        return False, 0.0, kept, thrown, knock

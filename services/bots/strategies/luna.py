@@ -3,10 +3,11 @@
 Every decision starts from what the seat has seen (``knowledge``) and a weighting of the
 unseen cards by what the opponent took, threw and declined (``inference``). Draws compare the
 hand's outlook after taking the pile top with its expected outlook after a stock draw
-(``outlook``). Discards weigh deadwood, the chance the next draw helps, and what the card
-would give the opponent's sampled hands. A possible knock is played out against sampled hands,
-now and after waiting a round for a better knock or gin, in match-winning chances
-(``knocking``, ``matchplay``).
+(``outlook``). Discards weigh deadwood (more when the opponent looks close to knocking), the
+chance the next draw helps, and what the card would give the opponent's sampled hands. A
+possible knock is played out against sampled hands, now and after waiting up to a few rounds
+for gin, a lower knock or an undercut, in match-winning chances (``knocking``, ``matchplay``).
+Gin and big gin are never missed.
 """
 
 from __future__ import annotations
@@ -66,14 +67,14 @@ class Mind:
     style: Style
     weights: list[float]
     outlook: Outlook
-    _samples: dict[int, list[int]] = field(default_factory=dict)
+    sampled: list[int] = field(default_factory=list)
 
     def opponents(self, count: int) -> list[int]:
         """``count`` sampled opponent hands (the same ones for every question of a decision)."""
-        have = self._samples.setdefault(0, [])
-        if len(have) < count:
-            have += sample_hands(self.k, self.weights, self.rng, count - len(have))
-        return have[:count]
+        if len(self.sampled) < count:
+            more = count - len(self.sampled)
+            self.sampled += sample_hands(self.k, self.weights, self.rng, more)
+        return self.sampled[:count]
 
 
 def think(view: TableView, rng: random.Random, style: Style) -> Mind:
@@ -178,10 +179,11 @@ def end_turn(view: TableView, mind: Mind) -> c.Command:
     )
     opponents = mind.opponents(mind.style.knock_samples)
     priced = [
-        (knock_now(stakes, k.hand, card, opponents), command)
+        (knock_now(stakes, mind.outlook, k.hand, card, opponents), command)
         for card, _, command in options[: mind.style.knock_choices]
     ]
     now, knock = max(priced, key=lambda x: x[0])
     wait_card = min((card for card, _, _ in options), key=lambda card: (costs[card], card))
-    later = waiting(stakes, k, k.hand, wait_card, opponents, mind.rng, mind.style.wait_rounds)
+    rounds = mind.style.wait_rounds
+    later = waiting(stakes, mind.outlook, k, wait_card, opponents, mind.rng, rounds)
     return knock if now >= max(later) else discard(view, wait_card)

@@ -8,10 +8,8 @@ opponent's hand). ``feed`` prices a discard by what it would save the opponent's
 
 from __future__ import annotations
 
-from shared.engine.cards import POINTS, cards_of
-from shared.engine.melds import deadwood_points
-
-SUIT_OF = tuple(card // 13 for card in range(52))
+from shared.engine.cards import POINTS, Card, cards_of
+from shared.engine.melds import best_meld_masks, deadwood_points
 
 
 def _reach(card: int) -> int:
@@ -39,12 +37,21 @@ class Outlook:
         self._drop: dict[int, int] = {}
         self._gain: dict[int, float] = {}
         self._order: dict[int, list[int]] = {}
+        self._melds: dict[tuple[int, int], list[tuple[Card, ...]]] = {}
 
     def dead(self, mask: int) -> int:
         """The deadwood of a hand (cached)."""
         value = self._dead.get(mask)
         if value is None:
             value = self._dead[mask] = deadwood_points(mask)
+        return value
+
+    def melds(self, kept: int, held: int) -> list[tuple[Card, ...]]:
+        """The melds a knock with ``kept`` (of ``held``) lays down, as the server picks them."""
+        key = (kept, held)
+        value = self._melds.get(key)
+        if value is None:
+            value = self._melds[key] = [cards_of(m) for m in best_meld_masks(kept, held=held)]
         return value
 
     def order(self, mask: int) -> list[int]:
