@@ -86,7 +86,6 @@ def random_hands_per_second(seconds: float, rng: random.Random) -> None:
             seat = to_act(state)
             assert seat is not None
             moves = [m for m in legal(state, seat, timing) if type(m) not in quits]
-            legal(state, 1 - seat, timing)
             state, _ = apply(state, seat, rng.choice(moves), timing)
             steps += 1
         hands += 1
