@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 
 import aio_pika
 import msgspec
@@ -11,32 +10,7 @@ import msgspec
 from shared.contracts.envelope import envelope_decoder
 from shared.contracts.names import EVENTS_EXCHANGE
 from shared.infra.settings import Settings
-from tests.table.conftest import Api
-
-
-async def play_to_the_end(api: Api, table_id: str, tokens: list[str], seed: int) -> dict:
-    """Both seats play from ``legal`` (never resigning) until the match ends."""
-    rng = random.Random(seed)
-    view = await api.view(table_id, tokens[0])
-    for _ in range(5000):
-        if view["status"] != "playing":
-            return view
-        seat = view["hand"]["to_act"] if view["hand"] else view["you"]
-        if view["you"] != seat:
-            view = await api.view(table_id, tokens[seat])
-        moves = [m for m in view["legal"] if m["type"] not in ("resign", "leave", "claim_absence")]
-        knocks = [m for m in moves if m["type"] in ("knock", "big_gin")]
-        best = view["hand"] and view["hand"]["my_arrangement"].get("discard")
-        if knocks:
-            move = rng.choice(knocks)
-        elif best and rng.random() < 0.8:  # mostly the SOBRA's discard, so hands end
-            move = {"type": "discard", "card": best}
-        else:
-            move = rng.choice(moves)
-        status, body = await api.command(table_id, tokens[seat], **move)
-        assert status == 200, body
-        view = body["view"]
-    raise AssertionError("the match did not end")
+from tests.table.conftest import Api, play_to_the_end
 
 
 async def test_whole_match_over_http_with_every_event_once_in_order(
