@@ -79,7 +79,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
 
 async def _deliver_local(app: web.Application, change: Change) -> None:
     if HUB in app:
-        await app[HUB].deliver_local(change.row, change.envelopes)
+        await app[HUB].deliver_local(change)
 
 
 async def _close_sockets(app: web.Application) -> None:

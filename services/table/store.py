@@ -10,7 +10,7 @@ import msgspec
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import Player
 from shared.contracts.options import TableOptions
-from shared.contracts.views import TableStatus
+from shared.contracts.views import TableStatus, TableView
 from shared.engine.state import GameState
 from shared.infra.db import Conn
 
@@ -144,6 +144,8 @@ class Change(msgspec.Struct, kw_only=True):
     command_id: str | None = None
     actor: str | None = None
     result: bytes | None = None
+    # Views already built for this version, by (seat, deck design): the sockets reuse them.
+    views: dict[tuple[int | None, str | None], TableView] = {}
 
 
 _SAVE = """

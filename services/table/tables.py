@@ -218,6 +218,7 @@ class Tables:
         events = self._apply(row, seat, cmd)
         change = self._change(row, events)
         view = self.table_view(row, seat, locked.deck_design)
+        change.views[(seat, locked.deck_design)] = view
         result = _json.encode(
             CommandResult(version=row.version, events=change.envelopes, view=view)
         )

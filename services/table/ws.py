@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from services.table import store
 from services.table.http import TABLES, identity_of, refusal_of, run_command
-from services.table.store import TableRow
+from services.table.store import Change, TableRow
 from services.table.tables import Tables
 from shared.contracts.api import WsCommand, WsError, WsEvent, WsSnapshot
 from shared.contracts.envelope import Envelope, envelope_decoder
@@ -160,13 +160,18 @@ class Hub:
             await asyncio.sleep(0)
             await self.catch_up(envelope.table_id, self.pending.pop(envelope.table_id))
 
-    async def deliver_local(self, row: TableRow, envelopes: list[Envelope]) -> None:
+    async def deliver_local(self, change: Change) -> None:
         """A change this replica just committed: its clients get it without the broker hop."""
-        if row.table_id in self.clients and envelopes:
-            await self.catch_up(row.table_id, envelopes, row)
+        row = change.row
+        if row.table_id in self.clients and change.envelopes:
+            await self.catch_up(row.table_id, change.envelopes, row, dict(change.views))
 
     async def catch_up(
-        self, table_id: str, burst: list[Envelope], row: TableRow | None = None
+        self,
+        table_id: str,
+        burst: list[Envelope],
+        row: TableRow | None = None,
+        views: dict[tuple[int | None, str | None], TableView] | None = None,
     ) -> None:
         """Send each client its unsent events up to the newest of ``burst`` (or all), each
         with the viewer's view; the table's log fills any gap, in seq order."""
@@ -190,7 +195,7 @@ class Hub:
         upto = row.seq if upto is None else upto
         events = {e.seq: e for e in missed if e.seq <= upto}
         events.update((e.seq, e) for e in burst)
-        views: dict[tuple[int | None, str | None], TableView] = {}
+        views = {} if views is None else views
         for client in list(watchers):
             seat = row.seat_of(client.identity.id if client.identity else None)
             key = (seat, client.deck_design)
