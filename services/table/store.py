@@ -98,27 +98,36 @@ class Locked(msgspec.Struct, kw_only=True):
     deck_design: str | None  # the caller's
 
 
+_KNOWN = (
+    "(SELECT result FROM commands WHERE table_id = $1 AND command_id = $2) AS prior,"
+    " (SELECT actor FROM commands WHERE table_id = $1 AND command_id = $2) AS actor,"
+    " (SELECT deck_design FROM preferences WHERE player_id = $3) AS design"
+)
+
+
 async def lock_for_command(
     conn: Conn, table_id: str, command_id: str | None = None, player_id: str | None = None
 ) -> Locked | None:
-    """Lock the table for this transaction, then read a prior result and the deck design.
+    """Lock the table for this transaction, with a prior result and the deck design.
 
-    Two statements on purpose: once the lock is ours, a command that another transaction
-    applied while we waited is committed, and only a new statement's snapshot sees its result.
+    The locking statement also reads them, from its own snapshot, and the table's version in
+    that snapshot. If another transaction changed the row while this one waited for the lock,
+    the versions differ and the two are read again in a new statement, whose snapshot sees
+    that commit (a command result is only ever written with a change of the row).
     """
     record = await conn.fetchrow(
-        f"SELECT {_COLUMNS} FROM tables t WHERE table_id = $1 FOR UPDATE", table_id
-    )
-    if record is None:
-        return None
-    known = await conn.fetchrow(
-        "SELECT (SELECT result FROM commands WHERE table_id = $1 AND command_id = $2) AS prior,"
-        " (SELECT actor FROM commands WHERE table_id = $1 AND command_id = $2) AS actor,"
-        " (SELECT deck_design FROM preferences WHERE player_id = $3) AS design",
+        f"SELECT {_COLUMNS}, {_KNOWN},"
+        " (SELECT version FROM tables s WHERE s.table_id = $1) AS seen_version"
+        " FROM tables t WHERE table_id = $1 FOR UPDATE OF t",
         table_id,
         command_id,
         player_id,
     )
+    if record is None:
+        return None
+    known: asyncpg.Record | None = record
+    if record["seen_version"] != record["version"]:  # we waited behind a commit
+        known = await conn.fetchrow(f"SELECT {_KNOWN}", table_id, command_id, player_id)
     assert known is not None
     return Locked(
         row=_row(record),
