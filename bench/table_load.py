@@ -144,7 +144,13 @@ class Match:
         """Play one seat until the time is up."""
         url = f"{self.base}/v1/tables/{self.table_id}/ws?token={self.tokens[seat]}"
         async with self.session.ws_connect(url) as ws:
-            async for msg in ws:
+            while (left := until - time.perf_counter()) > 0:
+                try:
+                    msg = await ws.receive(timeout=left)
+                except TimeoutError:
+                    return  # time is up while waiting for the opponent
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    return
                 data = msgspec.json.decode(msg.data)
                 if data["kind"] == "event":
                     key = (1 - seat, data["event"]["seq"])  # sent by the opponent
@@ -156,8 +162,6 @@ class Match:
                 view = data.get("view")
                 while view and time.perf_counter() < until and self._my_turn(view, seat):
                     view = await self._move(view, seat)
-                if time.perf_counter() >= until:
-                    return
 
     def _my_turn(self, view: dict[str, Any], seat: int) -> bool:
         """A view that asks this seat to act, newer than any it acted on already."""
