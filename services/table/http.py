@@ -16,6 +16,7 @@ from services.table import store
 from services.table.store import Change
 from services.table.tables import Actor, Tables
 from shared.contracts.api import (
+    CommandResult,
     CreateTable,
     ErrorDetail,
     JoinTable,
@@ -24,10 +25,11 @@ from shared.contracts.api import (
     SeatBot,
     Token,
 )
-from shared.contracts.commands import AnyCommand
+from shared.contracts.commands import command_decoder
 from shared.engine import IllegalAction
 from shared.infra import web as web_edge
 from shared.infra.auth import AuthError, Identity, bearer, mint, verify
+from shared.infra.db import Conn
 from shared.infra.service import POOL, SETTINGS
 from shared.infra.web import Refusal, Refused
 
@@ -37,9 +39,9 @@ T = TypeVar("T")
 TABLES = web.AppKey("tables", Tables)
 # Called with each committed change: the WebSocket hub delivers it to this replica's clients.
 Committed = Callable[[Change], Awaitable[None]]
+SitDown = Callable[[Tables, Conn, str, Identity], Awaitable[tuple[CommandResult, Change]]]
 COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
 _json = msgspec.json.Encoder()
-_command_decoder = msgspec.json.Decoder(AnyCommand)
 # Refusals that mean the request itself was malformed rather than untimely.
 BAD_INPUT = {"unknown_card", "invalid_meld", "overlapping_melds"}
 
@@ -117,25 +119,30 @@ async def create_table(request: web.Request) -> web.Response:
 async def join_table(request: web.Request) -> web.Response:
     """``POST /v1/tables/{id}/join``."""
     identity = identity_of(request)
-    assert identity is not None
     body = await body_of(request, JoinTable)
-    async with request.app[POOL].acquire() as conn, conn.transaction():
-        result, change = await request.app[TABLES].join(
-            conn, request.match_info["id"], identity, body.invite_code
-        )
-    await request.app[COMMITTED](change)
-    return json_bytes(_json.encode(result))
+    return await _take_seat(
+        request,
+        identity,
+        lambda tables, conn, table, who: tables.join(conn, table, who, body.invite_code),
+    )
 
 
 async def seat_bot(request: web.Request) -> web.Response:
     """``POST /v1/tables/{id}/bot``."""
     identity = identity_of(request)
-    assert identity is not None
     body = await body_of(request, SeatBot)
+    return await _take_seat(
+        request,
+        identity,
+        lambda tables, conn, table, who: tables.seat_bot(conn, table, who, body.level),
+    )
+
+
+async def _take_seat(request: web.Request, identity: Identity | None, sit: SitDown) -> web.Response:
+    """Fill the free seat in one transaction, then deliver the change to this replica."""
+    assert identity is not None
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        result, change = await request.app[TABLES].seat_bot(
-            conn, request.match_info["id"], identity, body.level
-        )
+        result, change = await sit(request.app[TABLES], conn, request.match_info["id"], identity)
     await request.app[COMMITTED](change)
     return json_bytes(_json.encode(result))
 
@@ -177,7 +184,7 @@ async def post_command(request: web.Request) -> web.Response:
     """``POST /v1/tables/{id}/commands``."""
     identity = identity_of(request)
     assert identity is not None
-    command = _command_decoder.decode(await request.read())
+    command = command_decoder.decode(await request.read())
     return json_bytes(await run_command(request, command, identity))
 
 

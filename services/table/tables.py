@@ -31,7 +31,7 @@ from shared.contracts.events import (
 )
 from shared.contracts.names import BOTS_EXCHANGE, EVENTS_EXCHANGE, bot_key, table_event_key
 from shared.contracts.options import TableOptions
-from shared.contracts.views import TableStatus, TableView
+from shared.contracts.views import TableView
 from shared.engine import IllegalAction, Timing, apply, deal, expire, new_game
 from shared.engine.state import GameState
 from shared.engine.view import seat_table_view
@@ -64,14 +64,6 @@ def secure_shuffle() -> tuple[list[int], str, int]:
     deck = list(range(52))
     secrets.SystemRandom().shuffle(deck)
     return deck, secrets.token_hex(16), secrets.randbelow(2)
-
-
-GAME_STATUS: dict[str, TableStatus] = {
-    "playing": "playing",
-    "match_over": "match_over",
-    "closed": "closed",
-    "expired": "expired",
-}
 
 
 class Tables:
@@ -262,7 +254,7 @@ class Tables:
                 events += more
         state, dealt = self._deal_if_due(state, timing)
         row.state = state
-        row.status = GAME_STATUS[state.status]
+        row.status = state.status  # the game statuses are table statuses too
         return [*events, *dealt]
 
     def _apply_waiting(

@@ -7,11 +7,6 @@ BOTS_EXCHANGE = "gin.bots"
 COMMANDS_QUEUE = "gin.commands"
 
 
-def prefixed(prefix: str, name: str) -> str:
-    """A name with the deployment's prefix (tests and several deployments share one broker)."""
-    return f"{prefix}{name}"
-
-
 def table_event_key(table_id: str, event_type: str) -> str:
     """Routing key of a table event: ``table.<table_id>.<event_type>``."""
     return f"table.{table_id}.{event_type}"

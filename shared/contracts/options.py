@@ -57,6 +57,3 @@ class StrictTableOptions(TableOptions, frozen=True, kw_only=True, forbid_unknown
     def plain(self) -> TableOptions:
         """The same options as the type events and state carry."""
         return TableOptions(**msgspec.structs.asdict(self))
-
-
-DEFAULT_OPTIONS = TableOptions()

@@ -36,13 +36,6 @@ class Arrangement(msgspec.Struct, frozen=True):
     points: int
 
 
-class Discard(msgspec.Struct, frozen=True):
-    """The best 10 of 11 cards: the card to discard and the arrangement it leaves (R2.5)."""
-
-    card: Card
-    arrangement: Arrangement
-
-
 def _stretches(bits: int) -> tuple[int, ...]:
     """The maximal runs of 3 or more consecutive ranks in one suit's 13 bits."""
     out = []

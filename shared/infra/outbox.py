@@ -29,17 +29,6 @@ NOTIFY_CHANNEL = "gin_outbox"
 PUBLISH_TIMEOUT_S = 10.0  # a broker that neither confirms nor fails: give up, retry the batch
 
 
-async def add(conn: Conn, exchange: str, routing_key: str, body: bytes, message_id: str) -> None:
-    """Append one message to the outbox of the caller's transaction."""
-    await conn.execute(
-        "INSERT INTO outbox (exchange, routing_key, body, message_id) VALUES ($1, $2, $3, $4)",
-        exchange,
-        routing_key,
-        body,
-        message_id,
-    )
-
-
 async def add_many(conn: Conn, rows: list[tuple[str, str, bytes, str]]) -> None:
     """Append messages (exchange, routing key, body, message id) and wake the relay."""
     if not rows:

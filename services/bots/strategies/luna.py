@@ -12,9 +12,7 @@ Gin and big gin are never missed.
 
 from __future__ import annotations
 
-import functools
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.bots.strategies.inference import held_chances, opponent_weights, sample_hands
@@ -88,11 +86,6 @@ def think(view: TableView, rng: random.Random, style: Style) -> Mind:
 def decide(view: TableView, rng: random.Random) -> c.Command:
     """LUNA's move."""
     return play(view, rng, STYLE)
-
-
-def make(style: Style) -> Callable[[TableView, random.Random], c.Command]:
-    """A LUNA that plays with other weights."""
-    return functools.partial(play, style=style)
 
 
 def play(view: TableView, rng: random.Random, style: Style) -> c.Command:
