@@ -448,6 +448,11 @@ async def test_two_processes_on_one_database_stay_consistent(
         listeners = [
             asyncio.create_task(listen(ws, into)) for ws, into in zip(watchers, heard, strict=True)
         ]
+        # The upgrade answers before the server reads the snapshot: wait for both snapshots,
+        # so the sockets are really watching before the join.
+        async with asyncio.timeout(10):
+            while not all(any(m["kind"] == "snapshot" for m in into) for into in heard):
+                await asyncio.sleep(0.02)
         status, joined = await b.call(
             "POST", f"/v1/tables/{table_id}/join", bia, {"invite_code": created["invite_code"]}
         )
