@@ -40,7 +40,8 @@ SECRET = "bench-secret-long-enough-for-hs256-signing"
 MATCHES = int(os.environ.get("BENCH_MATCHES", "200"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "20"))
 THINK_S = float(os.environ.get("BENCH_THINK_S", "0.5"))
-POOL_SIZE = 16
+POOL_SIZE = int(os.environ.get("BENCH_POOL", "16"))
+PHASES = os.environ.get("BENCH_PHASES", "raw,saturated,paced").split(",")
 
 
 def emit(**fields: Any) -> None:
@@ -106,8 +107,46 @@ async def raw_move_rate(url: str, seconds: float, connections: int) -> tuple[flo
     return rate, statistics.median(times) * 1000
 
 
+class _Hand(msgspec.Struct):
+    to_act: int
+
+
+class _View(msgspec.Struct):
+    """The part of a view a random-legal player reads; its legal moves stay raw JSON."""
+
+    version: int
+    status: str
+    hand: _Hand | None = None
+    legal: list[msgspec.Raw] = []
+
+
+class _Seq(msgspec.Struct):
+    seq: int
+
+
+class _Message(msgspec.Struct):
+    kind: str
+    event: _Seq | None = None
+    view: _View | None = None
+
+
+class _Result(msgspec.Struct):
+    events: list[_Seq]
+    view: _View
+
+
+_message = msgspec.json.Decoder(_Message)
+_result = msgspec.json.Decoder(_Result)
+# Moves a random player never makes: they end the match or need an absent opponent.
+_SKIPPED = (b'"resign"', b'"leave"', b'"claim_absence"')
+
+
 class Match:
-    """Two random-legal players at one table, each driven by its own WebSocket."""
+    """Two random-legal players at one table, each driven by its own WebSocket.
+
+    The player decodes only what it acts on (msgspec Structs, legal moves as raw JSON), so
+    the load generator, which shares the machine's cores with the service, stays light.
+    """
 
     def __init__(
         self, base: str, session: aiohttp.ClientSession, n: int, think_s: float = 0.0
@@ -115,9 +154,12 @@ class Match:
         self.base = base
         self.think_s = think_s
         self.session = session
+        self.n = n
         self.rng = random.Random(n)
         self.tokens = [mint(SECRET, f"p{n}a", "A"), mint(SECRET, f"p{n}b", "B")]
+        self.heads = [{"Authorization": f"Bearer {t}"} for t in self.tokens]
         self.table_id = ""
+        self.url = ""
         # The first seq of a command's events: when it was sent (by seat), when the opponent's
         # socket got it (by the receiving seat); whichever is known second completes a sample.
         self.sent_at: dict[tuple[int, int], float] = {}
@@ -126,76 +168,81 @@ class Match:
         self.moves = 0
         self.errors = 0
         self.acted = [-1, -1]  # the last view version each seat acted on
+        self.sockets: list[aiohttp.ClientWebSocketResponse] = []
+        self.over = False
 
     async def setup(self) -> None:
         """Create the table and seat both players."""
-        head = {"Authorization": f"Bearer {self.tokens[0]}"}
-        async with self.session.post(f"{self.base}/v1/tables", json={}, headers=head) as r:
+        async with self.session.post(f"{self.base}/v1/tables", json={}, headers=self.heads[0]) as r:
             created = await r.json()
         self.table_id = created["table_id"]
-        head = {"Authorization": f"Bearer {self.tokens[1]}"}
+        self.url = f"{self.base}/v1/tables/{self.table_id}/commands"
         body = {"invite_code": created["invite_code"]}
         async with self.session.post(
-            f"{self.base}/v1/tables/{self.table_id}/join", json=body, headers=head
+            f"{self.base}/v1/tables/{self.table_id}/join", json=body, headers=self.heads[1]
         ) as r:
             assert r.status == 200, await r.text()
 
-    async def seat(self, seat: int, until: float) -> None:
-        """Play one seat until the time is up."""
+    async def stop(self) -> None:
+        """The time is up: stop acting and close both sockets."""
+        self.over = True
+        await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
+
+    async def seat(self, seat: int) -> None:
+        """Play one seat until ``stop``."""
         url = f"{self.base}/v1/tables/{self.table_id}/ws?token={self.tokens[seat]}"
         async with self.session.ws_connect(url) as ws:
-            while (left := until - time.perf_counter()) > 0:
-                try:
-                    msg = await ws.receive(timeout=left)
-                except TimeoutError:
-                    return  # time is up while waiting for the opponent
+            self.sockets.append(ws)
+            async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     return
-                data = msgspec.json.decode(msg.data)
-                if data["kind"] == "event":
-                    key = (1 - seat, data["event"]["seq"])  # sent by the opponent
+                data = _message.decode(msg.data)
+                if data.event is not None:
+                    key = (1 - seat, data.event.seq)  # sent by the opponent
                     sent = self.sent_at.pop(key, None)
                     if sent is not None:
                         self.latencies.append(time.perf_counter() - sent)
                     else:
                         self.arrived[key] = time.perf_counter()
-                view = data.get("view")
-                while view and time.perf_counter() < until and self._my_turn(view, seat):
+                view = data.view
+                while view is not None and not self.over and self._my_turn(view, seat):
                     view = await self._move(view, seat)
 
-    def _my_turn(self, view: dict[str, Any], seat: int) -> bool:
+    def _my_turn(self, view: _View, seat: int) -> bool:
         """A view that asks this seat to act, newer than any it acted on already."""
-        hand = view.get("hand")
-        fresh = view["version"] > self.acted[seat]
-        return fresh and bool(hand) and hand["to_act"] == seat and view["status"] == "playing"
+        hand = view.hand
+        fresh = view.version > self.acted[seat]
+        return fresh and hand is not None and hand.to_act == seat and view.status == "playing"
 
-    async def _move(self, view: dict[str, Any], seat: int) -> dict[str, Any] | None:
-        moves = [m for m in view["legal"] if m["type"] not in ("resign", "leave", "claim_absence")]
-        move = dict(self.rng.choice(moves), command_id=uuid.uuid4().hex)
+    async def _move(self, view: _View, seat: int) -> _View | None:
+        legal = [bytes(m) for m in view.legal]
+        move = self.rng.choice([m for m in legal if not any(s in m for s in _SKIPPED)])
         if self.think_s:  # a person takes a moment (uniform, mean think_s)
             await asyncio.sleep(self.rng.uniform(0, 2 * self.think_s))
-        move["expected_version"] = view["version"]
-        self.acted[seat] = view["version"]
-        head = {"Authorization": f"Bearer {self.tokens[seat]}"}
+        self.acted[seat] = view.version
+        body = b'%s,"command_id":"%d-%d-%d","expected_version":%d}' % (
+            move[:-1],
+            self.n,
+            seat,
+            view.version,
+            view.version,
+        )
         start = time.perf_counter()
-        async with self.session.post(
-            f"{self.base}/v1/tables/{self.table_id}/commands",
-            data=msgspec.json.encode(move),
-            headers=head,
-        ) as r:
-            body = msgspec.json.decode(await r.read())
+        async with self.session.post(self.url, data=body, headers=self.heads[seat]) as r:
+            raw = await r.read()
         if r.status != 200:
             self.errors += 1
             return None
+        result = _result.decode(raw)
         self.moves += 1
-        if body["events"]:
-            key = (seat, body["events"][0]["seq"])
+        if result.events:
+            key = (seat, result.events[0].seq)
             arrived = self.arrived.pop(key, None)
             if arrived is not None:
                 self.latencies.append(arrived - start)
             else:
                 self.sent_at[key] = start
-        return body["view"]  # type: ignore[no-any-return]
+        return result.view
 
 
 async def play(base: str, think_s: float) -> None:
@@ -206,12 +253,13 @@ async def play(base: str, think_s: float) -> None:
         for i in range(0, MATCHES, 20):
             await asyncio.gather(*(m.setup() for m in matches[i : i + 20]))
         start = time.perf_counter()
-        until = start + SECONDS
-        tasks = [m.seat(s, until) for m in matches for s in (0, 1)]
-        await asyncio.gather(*(asyncio.wait_for(t, SECONDS + 30) for t in tasks))
+        seats = [asyncio.ensure_future(m.seat(s)) for m in matches for s in (0, 1)]
+        await asyncio.sleep(SECONDS)
         elapsed = time.perf_counter() - start
+        moves = sum(m.moves for m in matches)
+        await asyncio.gather(*(m.stop() for m in matches))
+        await asyncio.wait_for(asyncio.gather(*seats), 30)
     lat = sorted(x * 1000 for m in matches for x in m.latencies)
-    moves = sum(m.moves for m in matches)
     emit(
         bench="table_moves",
         matches=MATCHES,
@@ -274,15 +322,18 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(wait_ready(base, proc))
-        rate, p50 = asyncio.run(raw_move_rate(url, 10.0, POOL_SIZE))
-        emit(
-            bench="raw_pg_move_tx",
-            connections=POOL_SIZE,
-            per_s=round(rate, 1),
-            p50_ms=round(p50, 2),
-        )
-        uvloop.run(play(base, 0.0))  # saturation: every player answers at once
-        uvloop.run(play(base, THINK_S))  # people: a moment's thought before each move
+        if "raw" in PHASES:
+            rate, p50 = asyncio.run(raw_move_rate(url, 10.0, POOL_SIZE))
+            emit(
+                bench="raw_pg_move_tx",
+                connections=POOL_SIZE,
+                per_s=round(rate, 1),
+                p50_ms=round(p50, 2),
+            )
+        if "saturated" in PHASES:
+            uvloop.run(play(base, 0.0))  # saturation: every player answers at once
+        if "paced" in PHASES:
+            uvloop.run(play(base, THINK_S))  # people: a moment's thought before each move
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

@@ -24,12 +24,14 @@ from services.table.tables import Shuffle, Tables, secure_shuffle
 from services.table.ws import HUB, Hub, add_socket_route
 from shared.infra import service
 from shared.infra.ops import REGISTRY
+from shared.infra.outbox import OutboxRelay
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
 from shared.infra.web import log_context
 
 SCHEMA = "gin_table"
 MIGRATIONS = Path(__file__).parent / "migrations"
+RELAY = web.AppKey("relay", OutboxRelay)
 
 
 async def migrate(settings: Settings) -> None:
@@ -71,13 +73,17 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     app[HUB] = hub
     consumer = CommandConsumer(app[POOL], app[TABLES], settings.prefix, app[COMMITTED])
     await consumer.start(app[BROKER])
-    relay = asyncio.create_task(service.relay(app, SCHEMA, exchanges).run(), name="outbox-relay")
+    app[RELAY] = service.relay(app, SCHEMA, exchanges)
+    relay = asyncio.create_task(app[RELAY].run(), name="outbox-relay")
     yield
     await service.cancel(relay)
+    await app[RELAY].close()
     await app[BROKER].close()
 
 
 async def _deliver_local(app: web.Application, change: Change) -> None:
+    if RELAY in app and change.outbox:
+        app[RELAY].committed()
     if HUB in app:
         await app[HUB].deliver_local(change)
 

@@ -37,7 +37,8 @@ log = structlog.get_logger()
 T = TypeVar("T")
 
 TABLES = web.AppKey("tables", Tables)
-# Called with each committed change: the WebSocket hub delivers it to this replica's clients.
+# Called with each committed change: the relay is told, and the WebSocket hub delivers it to
+# this replica's clients.
 Committed = Callable[[Change], Awaitable[None]]
 SitDown = Callable[[Tables, Conn, str, Identity], Awaitable[tuple[CommandResult, Change]]]
 COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
@@ -110,7 +111,8 @@ async def create_table(request: web.Request) -> web.Response:
     assert identity is not None
     body = await body_of(request, CreateTable)
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        created = await request.app[TABLES].create(conn, identity, body.options.plain())
+        created, change = await request.app[TABLES].create(conn, identity, body.options.plain())
+    await request.app[COMMITTED](change)
     structlog.contextvars.bind_contextvars(table_id=created.table_id)
     log.info("table_created")
     return json_bytes(_json.encode(created), status=201)

@@ -148,6 +148,7 @@ class Change(msgspec.Struct, kw_only=True):
 
     row: TableRow
     envelopes: list[Envelope]
+    encoded: list[bytes]  # each envelope as JSON
     outbox: list[tuple[str, str, bytes, str]]  # exchange, routing key, body, message id
     hands: list[tuple[int, bytes]] = []  # finished hands: number, record
     command_id: str | None = None
@@ -172,17 +173,15 @@ WITH moved AS (
 ), answered AS (
     INSERT INTO commands (table_id, command_id, actor, result)
     SELECT $1, $15, $16, $17 WHERE $15::text IS NOT NULL
-), recorded AS (
-    INSERT INTO hands (table_id, hand, record)
-    SELECT $1, h.hand, h.record::jsonb FROM unnest($18::int[], $19::text[]) AS h(hand, record)
 )
-SELECT pg_notify('gin_outbox', '')
+INSERT INTO hands (table_id, hand, record)
+SELECT $1, h.hand, h.record::jsonb FROM unnest($18::int[], $19::text[]) AS h(hand, record)
 """
 
 
 async def save_change(conn: Conn, change: Change) -> None:
     """Store a table's new state, its events, outbox messages, hand records and the command's
-    result, and wake the outbox relay: all in one statement."""
+    result: all in one statement. The caller tells the relay once it has committed."""
     row = change.row
     await conn.execute(
         _SAVE,
@@ -195,7 +194,7 @@ async def save_change(conn: Conn, change: Change) -> None:
         row.last_move_at,
         [e.seq for e in change.envelopes],
         [e.type for e in change.envelopes],
-        [_json.encode(e).decode() for e in change.envelopes],
+        [body.decode() for body in change.encoded],
         [m[0] for m in change.outbox],
         [m[1] for m in change.outbox],
         [m[2] for m in change.outbox],

@@ -107,7 +107,7 @@ class Tables:
 
     async def create(
         self, conn: Conn, identity: Identity, options: TableOptions
-    ) -> TableCreatedResponse:
+    ) -> tuple[TableCreatedResponse, store.Change]:
         """A new table with its creator in seat 0, waiting for an opponent."""
         now = self._now()
         creator = Player(id=identity.id, name=identity.name)
@@ -129,15 +129,17 @@ class Tables:
             TableCreated(options=options, creator=creator),
             SeatTaken(seat=0, player=creator),
         ]
-        await store.save_change(conn, self._change(row, events))
+        change = self._change(row, events)
+        await store.save_change(conn, change)
         design = await store.deck_design(conn, identity.id)
-        return TableCreatedResponse(
+        created = TableCreatedResponse(
             table_id=row.table_id,
             invite_code=row.invite_code,
             invite_url=f"{self.public_url}/tables/{row.table_id}?invite={row.invite_code}",
             seat=0,
             view=self.table_view(row, 0, design),
         )
+        return created, change
 
     async def join(
         self, conn: Conn, table_id: str, identity: Identity, code: str
@@ -301,16 +303,19 @@ class Tables:
             envelopes.append(wrap(row.table_id, row.seq, event, now))
         row.version += 1
         row.last_move_at = now
+        encoded = [_json.encode(e) for e in envelopes]
         messages = [
-            (EVENTS_EXCHANGE, table_event_key(row.table_id, e.type), _json.encode(e), str(e.id))
-            for e in envelopes
+            (EVENTS_EXCHANGE, table_event_key(row.table_id, e.type), body, str(e.id))
+            for e, body in zip(envelopes, encoded, strict=True)
         ]
         turn = self._bot_turn(row)
         if turn is not None:
             message_id = f"{row.table_id}:{row.version}:bot"
             messages.append((BOTS_EXCHANGE, bot_key(turn.level), _json.encode(turn), message_id))
         hands = [(e.hand, _json.encode(e)) for e in events if isinstance(e, HandEnded)]
-        return store.Change(row=row, envelopes=envelopes, outbox=messages, hands=hands)
+        return store.Change(
+            row=row, envelopes=envelopes, encoded=encoded, outbox=messages, hands=hands
+        )
 
     def _bot_turn(self, row: TableRow) -> BotTurn | None:
         """The bot seat's turn message, when a bot has a decision (R11.4: its view only)."""

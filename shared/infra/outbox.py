@@ -4,12 +4,18 @@ Woken by NOTIFY, with a polling fallback. One relay publishes at a time (a trans
 advisory lock), so any number of replicas run it without duplicating or reordering a table's
 events; a row is marked published only after the broker confirmed it. While the broker is
 down nothing is marked, and the rows go out, in order, once it is back (at least once).
+
+A process that commits rows often (the table service) tells its own relay in-process
+(``committed``) and sends one NOTIFY after the commit for every burst of commits, so that
+whichever replica holds the lock wakes too. A NOTIFY inside each move's transaction would
+serialize every commit behind PostgreSQL's notify queue lock and cost a wake-up per move.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 import zlib
 from collections.abc import Mapping
 from datetime import datetime
@@ -78,6 +84,9 @@ class OutboxRelay:
         self.poll_s = poll_s
         self.lock_key = zlib.crc32(f"relay:{schema}".encode())
         self.wake = asyncio.Event()
+        self.origin = uuid.uuid4().hex  # this relay's NOTIFY payload: it ignores its own
+        self._notify_due = False
+        self._notifier: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         """Relay until cancelled; survive database and broker outages."""
@@ -98,8 +107,33 @@ class OutboxRelay:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
-    def _notified(self, *_: object) -> None:
+    def _notified(self, _conn: Conn, _pid: int, _channel: str, payload: object) -> None:
+        if payload != self.origin:
+            self.wake.set()
+
+    def committed(self) -> None:
+        """This process committed outbox rows: wake this relay now, and the other replicas'
+        relays (one of them may hold the lock) with one NOTIFY for all commits meanwhile."""
         self.wake.set()
+        self._notify_due = True
+        if self._notifier is None or self._notifier.done():
+            self._notifier = asyncio.get_running_loop().create_task(self._notify_others())
+
+    async def _notify_others(self) -> None:
+        while self._notify_due:
+            self._notify_due = False
+            try:
+                async with self.pool.acquire() as conn:
+                    await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, self.origin)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("outbox_notify_failed", error=repr(exc))  # the others poll
+                return
+
+    async def close(self) -> None:
+        """Wait for a NOTIFY still being sent."""
+        if self._notifier is not None:
+            with contextlib.suppress(Exception):
+                await self._notifier
 
     async def _loop(self) -> None:
         while True:

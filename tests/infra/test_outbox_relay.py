@@ -1,0 +1,133 @@
+"""How the outbox relay wakes: in-process after its own process commits, by another
+replica's NOTIFY after that replica commits, and by the NOTIFY of a transaction (chat,
+timers); never by its own NOTIFY, and otherwise only by polling (here: once a minute)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from prometheus_client import CollectorRegistry
+
+from shared.contracts.names import EVENTS_EXCHANGE
+from shared.infra import amqp, db
+from shared.infra.outbox import NOTIFY_CHANNEL, SQL_DIR, OutboxRelay, RelayMetrics
+from shared.infra.settings import Settings
+from tests.table.conftest import Tap
+
+POLL_S = 60.0  # long enough that a publish within seconds was a wake-up, not a poll
+
+
+class Replicas:
+    """Two relays of one schema: ``running`` runs its loop, ``other`` only commits."""
+
+    def __init__(self, pool: asyncpg.Pool, running: OutboxRelay, other: OutboxRelay) -> None:
+        self.pool = pool
+        self.running = running
+        self.other = other
+
+    async def commit(self, key: str) -> None:
+        """Commit one outbox row, with no NOTIFY in the transaction."""
+        async with self.pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO outbox (exchange, routing_key, body, message_id)"
+                " VALUES ($1, $2, $3, $4)",
+                EVENTS_EXCHANGE,
+                key,
+                b'{"key": "%s"}' % key.encode(),
+                uuid.uuid4().hex,
+            )
+
+    async def notify(self, payload: str) -> None:
+        """A NOTIFY on the relay's channel, as another process would send it."""
+        async with self.pool.acquire() as conn:
+            await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, payload)
+
+
+@pytest.fixture
+async def replicas(settings: Settings) -> AsyncIterator[Replicas]:
+    schema = f"relay_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await db.migrate(conn, schema, SQL_DIR)
+    finally:
+        await conn.close()
+    pool = await db.create_pool(settings.database_url, schema, 4)
+    connection = await amqp.connect(settings.amqp_url)
+    channel = await connection.channel(publisher_confirms=True)
+    exchanges = await amqp.declare_topology(channel, settings.prefix)
+
+    def relay() -> OutboxRelay:
+        metrics = RelayMetrics(CollectorRegistry())
+        return OutboxRelay(pool, schema, exchanges, settings.prefix, metrics, poll_s=POLL_S)
+
+    running = relay()
+    task = asyncio.create_task(running.run())
+    await asyncio.sleep(0.3)  # listening, and past its first (empty) look at the outbox
+    try:
+        yield Replicas(pool, running, relay())
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await connection.close()
+        async with pool.acquire() as conn:
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await pool.close()
+
+
+async def keys_published(tap: Tap, within_s: float) -> list[str]:
+    bodies = await tap.collect(lambda got: bool(got), within_s=within_s)
+    return [body["key"] for body in bodies]
+
+
+async def test_a_commit_in_this_process_wakes_its_relay(
+    replicas: Replicas, settings: Settings
+) -> None:
+    key = f"relay.{uuid.uuid4().hex[:8]}.local"
+    async with Tap(settings, EVENTS_EXCHANGE, key) as tap:
+        await replicas.commit(key)
+        assert await keys_published(tap, within_s=1.0) == []  # nobody told the relay
+        replicas.running.committed()
+        assert await keys_published(tap, within_s=5.0) == [key]
+
+
+async def test_another_replicas_commit_wakes_the_relay_by_notify(
+    replicas: Replicas, settings: Settings
+) -> None:
+    key = f"relay.{uuid.uuid4().hex[:8]}.other"
+    async with Tap(settings, EVENTS_EXCHANGE, key) as tap:
+        await replicas.commit(key)
+        replicas.other.committed()  # its own loop is not running: only its NOTIFY can help
+        assert await keys_published(tap, within_s=5.0) == [key]
+
+
+async def test_a_relay_ignores_its_own_notify_but_not_a_transactions(
+    replicas: Replicas, settings: Settings
+) -> None:
+    key = f"relay.{uuid.uuid4().hex[:8]}.own"
+    async with Tap(settings, EVENTS_EXCHANGE, key) as tap:
+        await replicas.commit(key)
+        await replicas.notify(replicas.running.origin)  # already woken in-process
+        assert await keys_published(tap, within_s=1.0) == []
+        await replicas.notify("")  # outbox.add_many's NOTIFY
+        assert await keys_published(tap, within_s=5.0) == [key]
+
+
+async def test_a_burst_of_commits_sends_few_notifies(replicas: Replicas) -> None:
+    heard: list[str] = []
+    async with replicas.pool.acquire() as listener:
+
+        def hear(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+            heard.append(str(payload))
+
+        await listener.add_listener(NOTIFY_CHANNEL, hear)
+        for _ in range(100):
+            replicas.other.committed()
+        await replicas.other.close()
+        await asyncio.sleep(0.3)
+        await listener.remove_listener(NOTIFY_CHANNEL, hear)
+    assert 1 <= len(heard) <= 2
+    assert set(heard) == {replicas.other.origin}
