@@ -141,6 +141,41 @@ _result = msgspec.json.Decoder(_Result)
 _SKIPPED = (b'"resign"', b'"leave"', b'"claim_absence"')
 
 
+class Line:
+    """One seat's keep-alive HTTP/1.1 connection for its commands: a lean client, as a load
+    generator should be (aiohttp's client cost more CPU per request than the service's
+    handler, on the cores the service runs on)."""
+
+    def __init__(self, base: str, token: str) -> None:
+        self.host, _, port = base.removeprefix("http://").partition(":")
+        self.port = int(port)
+        self.auth = b"Bearer " + token.encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST a JSON body; the status and the body of the answer."""
+        if self.writer is None or self.reader is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (path.encode(), self.host.encode(), self.auth, len(body), body)
+        )
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self.writer is not None:
+            self.writer.close()
+
+
 class Match:
     """Two random-legal players at one table, each driven by its own WebSocket.
 
@@ -158,8 +193,9 @@ class Match:
         self.rng = random.Random(n)
         self.tokens = [mint(SECRET, f"p{n}a", "A"), mint(SECRET, f"p{n}b", "B")]
         self.heads = [{"Authorization": f"Bearer {t}"} for t in self.tokens]
+        self.lines = [Line(base, t) for t in self.tokens]
         self.table_id = ""
-        self.url = ""
+        self.path = ""
         # The first seq of a command's events: when it was sent (by seat), when the opponent's
         # socket got it (by the receiving seat); whichever is known second completes a sample.
         self.sent_at: dict[tuple[int, int], float] = {}
@@ -176,7 +212,7 @@ class Match:
         async with self.session.post(f"{self.base}/v1/tables", json={}, headers=self.heads[0]) as r:
             created = await r.json()
         self.table_id = created["table_id"]
-        self.url = f"{self.base}/v1/tables/{self.table_id}/commands"
+        self.path = f"/v1/tables/{self.table_id}/commands"
         body = {"invite_code": created["invite_code"]}
         async with self.session.post(
             f"{self.base}/v1/tables/{self.table_id}/join", json=body, headers=self.heads[1]
@@ -228,9 +264,8 @@ class Match:
             view.version,
         )
         start = time.perf_counter()
-        async with self.session.post(self.url, data=body, headers=self.heads[seat]) as r:
-            raw = await r.read()
-        if r.status != 200:
+        status, raw = await self.lines[seat].post(self.path, body)
+        if status != 200:
             self.errors += 1
             return None
         result = _result.decode(raw)
@@ -259,6 +294,9 @@ async def play(base: str, think_s: float) -> None:
         moves = sum(m.moves for m in matches)
         await asyncio.gather(*(m.stop() for m in matches))
         await asyncio.wait_for(asyncio.gather(*seats), 30)
+        for m in matches:
+            for line in m.lines:
+                line.close()
     lat = sorted(x * 1000 for m in matches for x in m.latencies)
     emit(
         bench="table_moves",
