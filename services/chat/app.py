@@ -17,7 +17,6 @@ from shared.infra import service
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
-from shared.infra.web import log_context
 
 SCHEMA = "gin_chat"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -30,7 +29,7 @@ async def migrate(settings: Settings) -> None:
 
 def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> web.Application:
     """The whole chat service, ready for ``web.run_app`` or a test client."""
-    app = web.Application(middlewares=[log_context, refusals])
+    app = web.Application(middlewares=[refusals])
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[REGISTRY] = registry
@@ -45,11 +44,11 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
 
 async def _broker(app: web.Application) -> AsyncIterator[None]:
     """The relay of chat messages and the consumer of table events."""
-    _, exchanges = await service.open_broker(app)
+    channel, exchanges = await service.open_broker(app)
     consumer = TableEventConsumer(app[POOL], app[SETTINGS].prefix, app[REGISTRY])
     await consumer.start(app[BROKER])
     relay = asyncio.create_task(
-        service.relay(app, SCHEMA, exchanges).run(), name="chat-outbox-relay"
+        service.relay(app, SCHEMA, channel, exchanges).run(), name="chat-outbox-relay"
     )
     yield
     await consumer.stop()

@@ -27,7 +27,6 @@ from shared.infra.ops import REGISTRY
 from shared.infra.outbox import OutboxRelay
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
-from shared.infra.web import log_context
 
 SCHEMA = "gin_table"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -46,7 +45,7 @@ def create_app(
     shuffle: Shuffle = secure_shuffle,
 ) -> web.Application:
     """The whole table service, ready for ``web.run_app`` or a test client."""
-    app = web.Application(middlewares=[log_context, refusals])
+    app = web.Application(middlewares=[refusals])
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[REGISTRY] = registry
@@ -67,13 +66,13 @@ def create_app(
 async def _broker(app: web.Application) -> AsyncIterator[None]:
     """The relay, this replica's WebSocket hub and the command consumer."""
     settings = app[SETTINGS]
-    _, exchanges = await service.open_broker(app)
+    channel, exchanges = await service.open_broker(app)
     hub = Hub(app[POOL], app[TABLES], settings.prefix, app[REGISTRY])
     await hub.start(app[BROKER])
     app[HUB] = hub
     consumer = CommandConsumer(app[POOL], app[TABLES], settings.prefix, app[COMMITTED])
     await consumer.start(app[BROKER])
-    app[RELAY] = service.relay(app, SCHEMA, exchanges)
+    app[RELAY] = service.relay(app, SCHEMA, channel, exchanges)
     relay = asyncio.create_task(app[RELAY].run(), name="outbox-relay")
     yield
     await service.cancel(relay)

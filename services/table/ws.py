@@ -208,11 +208,7 @@ class Hub:
 
 
 async def _send(client: Client, message: msgspec.Struct) -> None:
-    if client.ws.closed:
-        return
-    async with client.lock:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await client.ws.send_str(_json.encode(message).decode())
+    await _send_raw(client, _json.encode(message))
 
 
 HUB = web.AppKey("hub", Hub)
@@ -259,7 +255,7 @@ async def _snapshot(request: web.Request, client: Client, table_id: str) -> None
         client.deck_design = design
         client.last_seq = max(client.last_seq, row.seq)
         view = request.app[TABLES].table_view(row, seat, design)
-        await client.ws.send_str(_json.encode(WsSnapshot(view=view)).decode())
+        await client.ws.send_frame(_json.encode(WsSnapshot(view=view)), WSMsgType.TEXT)
         client.ready = True
 
 
@@ -279,9 +275,12 @@ async def _on_text(request: web.Request, client: Client, text: str) -> None:
 
 
 async def _send_raw(client: Client, body: bytes) -> None:
+    """One text frame of JSON already encoded (UTF-8), in order with the client's others."""
+    if client.ws.closed:
+        return
     async with client.lock:
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await client.ws.send_str(body.decode())
+            await client.ws.send_frame(body, WSMsgType.TEXT)
 
 
 def add_socket_route(app: web.Application) -> None:

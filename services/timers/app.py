@@ -55,7 +55,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
         EVENTS_EXCHANGE: exchanges[EVENTS_EXCHANGE],
         DEFAULT_EXCHANGE: channel.default_exchange,
     }
-    relay = service.relay(app, SCHEMA, outbound)
+    relay = service.relay(app, SCHEMA, channel, outbound)
     firing = Firing(
         app[POOL],
         settings.prefix,

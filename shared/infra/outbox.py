@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
-import aio_pika
 import asyncpg
 import structlog
-from aio_pika.abc import AbstractExchange
+from aio_pika.abc import AbstractChannel, AbstractExchange
+from pamqp.commands import Basic
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared.infra.db import Conn
@@ -32,6 +32,7 @@ from shared.infra.db import Conn
 log = structlog.get_logger()
 SQL_DIR = Path(__file__).parent / "sql"
 NOTIFY_CHANNEL = "gin_outbox"
+PERSISTENT = 2  # delivery mode
 PUBLISH_TIMEOUT_S = 10.0  # a broker that neither confirms nor fails: give up, retry the batch
 
 
@@ -70,6 +71,7 @@ class OutboxRelay:
         self,
         pool: asyncpg.Pool,
         schema: str,
+        channel: AbstractChannel,
         exchanges: Mapping[str, AbstractExchange],
         prefix: str,
         metrics: RelayMetrics,
@@ -77,7 +79,8 @@ class OutboxRelay:
         poll_s: float = 1.0,
     ) -> None:
         self.pool = pool
-        self.exchanges = exchanges
+        self.channel = channel  # with publisher confirms
+        self.exchanges = {key: exchange.name for key, exchange in exchanges.items()}
         self.prefix = prefix
         self.metrics = metrics
         self.batch = batch
@@ -159,17 +162,20 @@ class OutboxRelay:
             oldest: datetime = rows[0]["created_at"]
             now = await conn.fetchval("SELECT now()")
             self.metrics.lag.set((now - oldest).total_seconds())
-            # One channel keeps the publish order; the confirms are awaited together.
+            # One channel keeps the publish order; the confirms are awaited together. The
+            # frames go straight to aiormq's channel (aio-pika's Message costs more than this).
+            channel = await self.channel.get_underlay_channel()
             await asyncio.gather(
                 *(
-                    self.exchanges[row["exchange"]].publish(
-                        aio_pika.Message(
-                            row["body"],
+                    channel.basic_publish(
+                        row["body"],
+                        exchange=self.exchanges[row["exchange"]],
+                        routing_key=row["routing_key"],
+                        properties=Basic.Properties(
                             message_id=row["message_id"],
                             content_type="application/json",
-                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                            delivery_mode=PERSISTENT,
                         ),
-                        routing_key=row["routing_key"],
                         mandatory=False,
                         timeout=PUBLISH_TIMEOUT_S,
                     )

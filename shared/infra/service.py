@@ -60,13 +60,18 @@ async def open_broker(
 
 
 def relay(
-    app: web.Application, schema: str, exchanges: Mapping[str, AbstractExchange]
+    app: web.Application,
+    schema: str,
+    channel: AbstractRobustChannel,
+    exchanges: Mapping[str, AbstractExchange],
 ) -> OutboxRelay:
-    """The outbox relay of a service's schema, with its metrics on the app's registry."""
+    """The outbox relay of a service's schema (publishing on a confirming channel), with its
+    metrics on the app's registry."""
     settings = app[SETTINGS]
     return OutboxRelay(
         app[POOL],
         schema,
+        channel,
         exchanges,
         settings.prefix,
         RelayMetrics(app[REGISTRY]),

@@ -65,23 +65,18 @@ def refusal_of(exc: Exception) -> Refusal | None:
     return None
 
 
-@web.middleware
-async def log_context(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Each request logs with its own context, starting with the table it names."""
-    structlog.contextvars.clear_contextvars()
-    if "id" in request.match_info:
-        structlog.contextvars.bind_contextvars(table_id=request.match_info["id"])
-    return await handler(request)
-
-
 def refusals(
     classify: Callable[[Exception], Refusal | None] = refusal_of,
     on_refused: Callable[[web.Request, int, ErrorDetail], None] | None = None,
 ) -> Middleware:
-    """A middleware turning every refusal (``classify``, then aiohttp's own) into the shape."""
+    """The one middleware: each request logs with its own context (starting with the table it
+    names), and every refusal (``classify``, then aiohttp's own) takes the one error shape."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        structlog.contextvars.clear_contextvars()
+        if "id" in request.match_info:
+            structlog.contextvars.bind_contextvars(table_id=request.match_info["id"])
         try:
             return await handler(request)
         except web.HTTPException as exc:  # aiohttp's own: no route, wrong method, too big
