@@ -19,6 +19,7 @@ async def create_pool(url: str, schema: str, size: int) -> asyncpg.Pool:
         min_size=1,
         max_size=size,
         reset=_keep_session,
+        max_inactive_connection_lifetime=0,  # a timer per release and acquire cost more
         server_settings={"search_path": schema, "application_name": f"gin-{schema}"},
     )
     assert pool is not None

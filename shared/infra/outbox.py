@@ -64,6 +64,19 @@ class RelayMetrics:
         )
 
 
+# The relay lock and the oldest unpublished rows, in one round trip: one row with held false
+# when another relay holds the lock; one row with null columns when the outbox is empty.
+# The lock is tried once (a materialized CTE; a subquery would be inlined into two calls).
+_TAKE_BATCH = """
+WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS held)
+SELECT l.held, now() AS now, o.id, o.exchange, o.routing_key, o.body, o.message_id, o.created_at
+FROM l LEFT JOIN LATERAL (
+    SELECT id, exchange, routing_key, body, message_id, created_at FROM outbox
+    WHERE l.held AND published_at IS NULL ORDER BY id LIMIT $2
+) AS o ON true
+"""
+
+
 class OutboxRelay:
     """Publishes one schema's outbox. ``run`` until cancelled."""
 
@@ -77,6 +90,7 @@ class OutboxRelay:
         metrics: RelayMetrics,
         batch: int = 500,
         poll_s: float = 1.0,
+        linger_s: float = 0.005,
     ) -> None:
         self.pool = pool
         self.channel = channel  # with publisher confirms
@@ -85,6 +99,7 @@ class OutboxRelay:
         self.metrics = metrics
         self.batch = batch
         self.poll_s = poll_s
+        self.linger_s = linger_s
         self.lock_key = zlib.crc32(f"relay:{schema}".encode())
         self.wake = asyncio.Event()
         self.origin = uuid.uuid4().hex  # this relay's NOTIFY payload: it ignores its own
@@ -98,6 +113,7 @@ class OutboxRelay:
             try:
                 async with self.pool.acquire() as listener:
                     await listener.add_listener(NOTIFY_CHANNEL, self._notified)
+                    backoff = 0.1
                     try:
                         await self._loop()
                     finally:
@@ -139,29 +155,30 @@ class OutboxRelay:
                 await self._notifier
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self.wake.clear()
+            began = loop.time()
             sent = await self.relay_once()
-            if sent < self.batch:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self.poll_s)
+            if sent >= self.batch:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.poll_s)
+            if sent:  # busy: let the next batch gather for ``linger_s`` after this one began
+                await asyncio.sleep(began + self.linger_s - loop.time())
 
     async def relay_once(self) -> int:
         """Publish one batch if this relay holds the lock; how many were published."""
         async with self.pool.acquire() as conn, conn.transaction():
-            if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", self.lock_key):
+            found = await conn.fetch(_TAKE_BATCH, self.lock_key, self.batch)
+            if not found[0]["held"]:
                 return 0
-            rows = await conn.fetch(
-                "SELECT id, exchange, routing_key, body, message_id, created_at FROM outbox"
-                " WHERE published_at IS NULL ORDER BY id LIMIT $1",
-                self.batch,
-            )
+            rows = [row for row in found if row["id"] is not None]
             if not rows:
                 self.metrics.lag.set(0)
                 return 0
             oldest: datetime = rows[0]["created_at"]
-            now = await conn.fetchval("SELECT now()")
-            self.metrics.lag.set((now - oldest).total_seconds())
+            self.metrics.lag.set((rows[0]["now"] - oldest).total_seconds())
             # One channel keeps the publish order; the confirms are awaited together. The
             # frames go straight to aiormq's channel (aio-pika's Message costs more than this).
             channel = await self.channel.get_underlay_channel()

@@ -77,6 +77,7 @@ def relay(
         RelayMetrics(app[REGISTRY]),
         batch=settings.relay_batch,
         poll_s=settings.relay_poll_s,
+        linger_s=settings.relay_linger_s,
     )
 
 
