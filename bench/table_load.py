@@ -305,11 +305,32 @@ async def play(base: str, think_s: float) -> dict[str, Any]:
         "bench": "table_moves",
         "matches": MATCHES,
         "think_s": think_s,
-        "per_s": round(moves / elapsed, 1),
+        "seconds": elapsed,
         "command_to_opponent_ws_p50_ms": round(lat[len(lat) // 2], 2),
         "command_to_opponent_ws_p99_ms": round(lat[int(len(lat) * 0.99)], 2),
         "refused": sum(m.errors for m in matches),
         "n": moves,
+    }
+
+
+async def published(url: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """The figures once every event of the phase is on RabbitMQ: a relay that fell behind
+    would leave its work to the next phase, so the rate counts the time to catch up."""
+    conn = await asyncpg.connect(url)
+    began = time.perf_counter()
+    try:
+        while await conn.fetchval(  # noqa: ASYNC110 (the outbox is a table, not an event)
+            "SELECT EXISTS (SELECT FROM gin_table.outbox WHERE published_at IS NULL)"
+        ):
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+    drain = time.perf_counter() - began
+    seconds = figures.pop("seconds")
+    return {
+        **figures,
+        "per_s": round(figures["n"] / (seconds + drain), 1),
+        "outbox_drain_s": round(drain, 2),
     }
 
 
@@ -394,7 +415,7 @@ def main() -> None:
                 )
             if "saturated" in PHASES:  # every player answers at once
                 asyncio.run(settle(url, vacuum=False))
-                figures = uvloop.run(play(base, 0.0))
+                figures = asyncio.run(published(url, uvloop.run(play(base, 0.0))))
                 saturated.append(figures["per_s"])
                 emit(round=n, **figures)
         if raw and saturated:
@@ -407,7 +428,7 @@ def main() -> None:
             )
         if "paced" in PHASES:  # people: a moment's thought before each move
             asyncio.run(settle(url, vacuum="saturated" in PHASES))
-            emit(**uvloop.run(play(base, THINK_S)))
+            emit(**asyncio.run(published(url, uvloop.run(play(base, THINK_S)))))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

@@ -19,11 +19,11 @@ import structlog
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
-    AbstractIncomingMessage,
     AbstractQueue,
     AbstractRobustConnection,
 )
 from aiohttp import WSCloseCode, WSMsgType, web
+from aiormq.abc import DeliveredMessage
 from prometheus_client import CollectorRegistry, Gauge
 
 from services.table import store
@@ -82,9 +82,19 @@ class Hub:
         await self.channel.set_qos(prefetch_count=256)
         self.exchange = await self.channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
         self.queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
-        # No acks: this queue dies with the replica, and a lost event is refilled from the log.
-        await self.queue.consume(self._on_message, no_ack=True)
+        await self._consume()
         connection.reconnect_callbacks.add(self._on_reconnect)
+
+    async def _consume(self) -> None:
+        """Consume on the channel's aiormq channel, without acks: this queue dies with the
+        replica, and a lost event is refilled from the log. (A replica receives every event of
+        the tables it watches, its own commits' too; aio-pika's message object for each cost
+        more than the delivery itself.) aio-pika restores the queue and its bindings after a
+        reconnect, but not a consumer it did not make: ``_on_reconnect`` consumes again."""
+        assert self.channel is not None
+        assert self.queue is not None
+        channel = await self.channel.get_underlay_channel()
+        await channel.basic_consume(self.queue.name, self._on_delivery, no_ack=True)
 
     async def attach(self, table_id: str, client: Client) -> None:
         """Watch a table: bind before the snapshot, so nothing after it is missed."""
@@ -119,7 +129,7 @@ class Hub:
             return_exceptions=True,
         )
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_delivery(self, message: DeliveredMessage) -> None:
         try:
             envelope = envelope_decoder.decode(message.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -131,7 +141,13 @@ class Hub:
         asyncio.get_running_loop().create_task(self.resync())
 
     async def resync(self) -> None:
-        """After a broker reconnect, send every client what it may have missed."""
+        """After a broker reconnect: consume again, then send every client what it may have
+        missed."""
+        try:
+            await self._consume()
+        except Exception as exc:  # the connection dropped again: the next reconnect retries
+            log.warning("ws_consume_failed", error=repr(exc))
+            return
         for table_id in list(self.clients):
             await self.catch_up(table_id, [])
 

@@ -111,13 +111,15 @@ class OutboxRelay:
         backoff = 0.1
         while True:
             try:
-                async with self.pool.acquire() as listener:
-                    await listener.add_listener(NOTIFY_CHANNEL, self._notified)
+                # One connection of its own, to listen and to publish: a relay that queued for
+                # the pool behind a busy service's commands fell minutes behind at saturation.
+                async with self.pool.acquire() as conn:
+                    await conn.add_listener(NOTIFY_CHANNEL, self._notified)
                     backoff = 0.1
                     try:
-                        await self._loop()
+                        await self._loop(conn)
                     finally:
-                        await listener.remove_listener(NOTIFY_CHANNEL, self._notified)
+                        await conn.remove_listener(NOTIFY_CHANNEL, self._notified)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -154,12 +156,12 @@ class OutboxRelay:
             with contextlib.suppress(Exception):
                 await self._notifier
 
-    async def _loop(self) -> None:
+    async def _loop(self, conn: Conn) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self.wake.clear()
             began = loop.time()
-            sent = await self.relay_once()
+            sent = await self.relay_once(conn)
             if sent >= self.batch:
                 continue
             with contextlib.suppress(TimeoutError):
@@ -167,9 +169,9 @@ class OutboxRelay:
             if sent:  # busy: let the next batch gather for ``linger_s`` after this one began
                 await asyncio.sleep(began + self.linger_s - loop.time())
 
-    async def relay_once(self) -> int:
+    async def relay_once(self, conn: Conn) -> int:
         """Publish one batch if this relay holds the lock; how many were published."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with conn.transaction():
             found = await conn.fetch(_TAKE_BATCH, self.lock_key, self.batch)
             if not found[0]["held"]:
                 return 0

@@ -190,3 +190,48 @@ async def test_a_broker_restart_mid_match_does_not_stop_the_bot(
         before = (await api.view(table_id, token))["version"]
         after = await bot_answers()  # the worker reconnected and plays on
         assert after > before
+
+
+async def test_after_a_broker_restart_a_socket_still_gets_what_comes_from_the_broker(
+    node: Node, settings: Settings
+) -> None:
+    """Chat messages and timer notices reach a table's sockets only through the replica's own
+    queue: after a restart the queue is restored and the replica consumes it again."""
+    from datetime import UTC, datetime
+
+    from shared.contracts.envelope import wrap
+    from shared.contracts.events import MessagePosted
+    from shared.contracts.names import chat_key
+    from tests.table.conftest import ws_receive
+
+    own = msgspec.structs.replace(settings, amqp_url=node.entry.url)
+    app = create_app(own, clock=Clock(), shuffle=SeededShuffle(6))
+    async with TestClient(TestServer(app)) as client:
+        api = Api(client, own)
+        ana = api.token("Ana")
+        table_id = (await api.create(ana))["table_id"]
+        async with client.ws_connect(f"/v1/tables/{table_id}/ws?token={ana}") as ws:
+            assert (await ws_receive(ws))["kind"] == "snapshot"
+            await asyncio.to_thread(node.ctl, "stop_app")
+            await asyncio.sleep(3)
+            await asyncio.to_thread(node.ctl, "start_app")
+            connection = await aio_pika.connect_robust(node.entry.url)
+            async with connection:
+                channel = await connection.channel(publisher_confirms=True)
+                events = await channel.get_exchange(own.prefix + EVENTS_EXCHANGE)
+                got: dict[str, object] | None = None
+                deadline = time.monotonic() + 60
+                seq = 0
+                while got is None and time.monotonic() < deadline:
+                    seq += 1  # as the chat service would post, until the replica is back
+                    posted = MessagePosted(message_id=seq, seat=0, name="Ana", text=f"oi {seq}")
+                    body = msgspec.json.encode(wrap(table_id, seq, posted, datetime.now(UTC)))
+                    await events.publish(aio_pika.Message(body), routing_key=chat_key(table_id))
+                    try:
+                        got = await ws_receive(ws, within_s=1.0)
+                    except TimeoutError:
+                        continue
+        assert got is not None, "no chat message reached the socket after the restart"
+        assert got["kind"] == "event"
+        assert got["event"]["type"] == "message_posted"
+        assert got["event"]["table_id"] == table_id
