@@ -86,7 +86,6 @@ class OutboxRelay:
         schema: str,
         channel: AbstractChannel,
         exchanges: Mapping[str, AbstractExchange],
-        prefix: str,
         metrics: RelayMetrics,
         batch: int = 500,
         poll_s: float = 1.0,
@@ -95,7 +94,6 @@ class OutboxRelay:
         self.pool = pool
         self.channel = channel  # with publisher confirms
         self.exchanges = {key: exchange.name for key, exchange in exchanges.items()}
-        self.prefix = prefix
         self.metrics = metrics
         self.batch = batch
         self.poll_s = poll_s

@@ -73,7 +73,6 @@ def relay(
         schema,
         channel,
         exchanges,
-        settings.prefix,
         RelayMetrics(app[REGISTRY]),
         batch=settings.relay_batch,
         poll_s=settings.relay_poll_s,

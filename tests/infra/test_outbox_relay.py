@@ -62,9 +62,7 @@ async def replicas(settings: Settings) -> AsyncIterator[Replicas]:
 
     def relay() -> OutboxRelay:
         metrics = RelayMetrics(CollectorRegistry())
-        return OutboxRelay(
-            pool, schema, channel, exchanges, settings.prefix, metrics, poll_s=POLL_S
-        )
+        return OutboxRelay(pool, schema, channel, exchanges, metrics, poll_s=POLL_S)
 
     running = relay()
     task = asyncio.create_task(running.run())
