@@ -227,6 +227,11 @@ class Match:
         self.over = True
         await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
 
+    def close(self) -> None:
+        """Close the command connections (once no seat is still posting)."""
+        for line in self.lines:
+            line.close()
+
     async def seat(self, seat: int) -> None:
         """Play one seat until ``stop``."""
         url = f"{self.base}/v1/tables/{self.table_id}/ws?token={self.tokens[seat]}"
@@ -298,8 +303,7 @@ async def play(base: str, think_s: float) -> dict[str, Any]:
         await asyncio.gather(*(m.stop() for m in matches))
         await asyncio.wait_for(asyncio.gather(*seats), 30)
         for m in matches:
-            for line in m.lines:
-                line.close()
+            m.close()
     lat = sorted(x * 1000 for m in matches for x in m.latencies)
     return {
         "bench": "table_moves",

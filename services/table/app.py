@@ -53,7 +53,7 @@ def create_app(
     app[TABLES] = Tables(
         settings.public_url, settings.absence_after_s, settings.expiry_after_s, clock, shuffle
     )
-    app[COMMITTED] = lambda change: _deliver_local(app, change)
+    app[COMMITTED] = lambda change: _committed(app, change)
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(_broker)
     app.on_shutdown.append(_close_sockets)
@@ -80,7 +80,8 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     await app[BROKER].close()
 
 
-async def _deliver_local(app: web.Application, change: Change) -> None:
+async def _committed(app: web.Application, change: Change) -> None:
+    """After a commit: the relay publishes its outbox rows, the hub delivers it here."""
     if RELAY in app and change.outbox:
         app[RELAY].committed()
     if HUB in app:
