@@ -22,6 +22,7 @@ from services.table.http import (
 from services.table.store import Change
 from services.table.tables import Shuffle, Tables, secure_shuffle
 from services.table.ws import HUB, Hub, add_socket_route
+from shared.contracts.names import SOCKETS_EXCHANGE
 from shared.infra import service
 from shared.infra.ops import REGISTRY
 from shared.infra.outbox import OutboxRelay
@@ -72,7 +73,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     app[HUB] = hub
     consumer = CommandConsumer(app[POOL], app[TABLES], settings.prefix, app[COMMITTED])
     await consumer.start(app[BROKER])
-    app[RELAY] = service.relay(app, SCHEMA, channel, exchanges)
+    app[RELAY] = service.relay(app, SCHEMA, channel, exchanges, digest_to=SOCKETS_EXCHANGE)
     relay = asyncio.create_task(app[RELAY].run(), name="outbox-relay")
     yield
     await service.cancel(relay)

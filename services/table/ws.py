@@ -1,9 +1,12 @@
 """The table WebSocket: a snapshot on connect, then every event with the viewer's new view.
 
-Each replica has one exclusive queue on ``gin.events``, bound to the tables its clients watch,
-so it works with any number of replicas. Events come at least once and in order per table;
-a client is sent each seq once, and a gap (a lost binding, a reconnect) is filled from the
-table's event log before the next event goes out.
+Each replica has one exclusive queue, so it works with any number of replicas. A replica
+delivers its own commits to its clients at once. Every table event reaches every replica's
+queue from ``gin.sockets``, one message per relay batch; a replica sends on those of the
+tables its clients watch that it has not sent yet (another replica committed them). Chat and
+timer events come from ``gin.events``, bound for the tables its clients watch. Events come at
+least once and in order per table; a client is sent each seq once, and a gap (a lost
+message, a reconnect) is filled from the table's event log before the next event goes out.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from services.table.store import Change, TableRow
 from services.table.tables import Tables
 from shared.contracts.api import WsCommand, WsError, WsEvent, WsSnapshot
 from shared.contracts.envelope import Envelope, envelope_decoder
-from shared.contracts.names import EVENTS_EXCHANGE
+from shared.contracts.names import EVENTS_EXCHANGE, SOCKETS_EXCHANGE
 from shared.contracts.views import TableView
 from shared.infra.auth import AuthError, Identity
 from shared.infra.service import POOL
@@ -42,6 +45,17 @@ log = structlog.get_logger()
 _json = msgspec.json.Encoder()
 _ws_command = msgspec.json.Decoder(WsCommand)
 GAP_FILL_LIMIT = 1000
+
+
+class _Head(msgspec.Struct):
+    """Where an event belongs: enough to skip one this replica has sent already."""
+
+    table_id: str
+    seq: int
+
+
+_batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+_head_decoder = msgspec.json.Decoder(_Head)
 
 
 @dataclass(eq=False)
@@ -68,10 +82,10 @@ class Hub:
         self.tables = tables
         self.prefix = prefix
         self.clients: dict[str, set[Client]] = {}
-        self.pending: dict[str, list[Envelope]] = {}  # events of a burst, by table
         self.channel: AbstractChannel | None = None
         self.queue: AbstractQueue | None = None
         self.exchange: AbstractExchange | None = None
+        self.batches = prefix + SOCKETS_EXCHANGE
         self.open_sockets = Gauge(
             "gin_websockets", "Open table WebSockets on this replica", registry=registry
         )
@@ -82,15 +96,16 @@ class Hub:
         await self.channel.set_qos(prefetch_count=256)
         self.exchange = await self.channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
         self.queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        await self.queue.bind(self.batches)
         await self._consume()
         connection.reconnect_callbacks.add(self._on_reconnect)
 
     async def _consume(self) -> None:
         """Consume on the channel's aiormq channel, without acks: this queue dies with the
-        replica, and a lost event is refilled from the log. (A replica receives every event of
-        the tables it watches, its own commits' too; aio-pika's message object for each cost
-        more than the delivery itself.) aio-pika restores the queue and its bindings after a
-        reconnect, but not a consumer it did not make: ``_on_reconnect`` consumes again."""
+        replica, and a lost event is refilled from the log. (aio-pika's message object for each
+        delivery cost more than the delivery itself.) aio-pika restores the queue and its
+        bindings after a reconnect, but not a consumer it did not make: ``_on_reconnect``
+        consumes again."""
         assert self.channel is not None
         assert self.queue is not None
         channel = await self.channel.get_underlay_channel()
@@ -131,11 +146,12 @@ class Hub:
 
     async def _on_delivery(self, message: DeliveredMessage) -> None:
         try:
-            envelope = envelope_decoder.decode(message.body)
+            if message.exchange == self.batches:
+                await self.deliver_batch(message.body)
+            else:
+                await self.deliver(envelope_decoder.decode(message.body))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("ws_event_undecodable", error=str(exc))
-            return
-        await self.deliver(envelope)
 
     def _on_reconnect(self, *_: object) -> None:
         asyncio.get_running_loop().create_task(self.resync())
@@ -151,8 +167,21 @@ class Hub:
         for table_id in list(self.clients):
             await self.catch_up(table_id, [])
 
+    async def deliver_batch(self, body: bytes) -> None:
+        """A relay batch of table events (a JSON array of envelopes, of any tables): send on
+        those this replica's clients were not sent yet, each table's in one catch-up."""
+        behind: dict[str, list[Envelope]] = {}
+        for raw in _batch_decoder.decode(body):
+            head = _head_decoder.decode(raw)
+            watchers = self.clients.get(head.table_id)
+            if watchers and any(c.ready and c.last_seq < head.seq for c in watchers):
+                behind.setdefault(head.table_id, []).append(envelope_decoder.decode(raw))
+        for table_id, burst in behind.items():
+            await self.catch_up(table_id, burst)
+
     async def deliver(self, envelope: Envelope) -> None:
-        """An event from the broker: send it to every client at its table not sent it yet."""
+        """An event from ``gin.events`` (chat, timers): send it to every client at its table
+        not sent it yet."""
         watchers = {c for c in self.clients.get(envelope.table_id, ()) if c.ready}
         if not watchers:
             return
@@ -168,13 +197,8 @@ class Hub:
                     client.notices.add(envelope.id)
                     await _send(client, WsEvent(event=envelope))
             return
-        if all(c.last_seq >= envelope.seq for c in watchers):
-            return  # delivered already, by the replica's own commit
-        pending = self.pending.setdefault(envelope.table_id, [])
-        pending.append(envelope)
-        if len(pending) == 1:  # the first of a burst: one table read serves them all
-            await asyncio.sleep(0)
-            await self.catch_up(envelope.table_id, self.pending.pop(envelope.table_id))
+        if any(c.last_seq < envelope.seq for c in watchers):  # a table event
+            await self.catch_up(envelope.table_id, [envelope])
 
     async def deliver_local(self, change: Change) -> None:
         """A change this replica just committed: its clients get it without the broker hop."""
@@ -231,8 +255,9 @@ HUB = web.AppKey("hub", Hub)
 
 
 def watched_keys(table_id: str) -> tuple[str, ...]:
-    """The routing keys of everything a table's sockets receive: its events, chat, timers."""
-    return (f"table.{table_id}.*", f"chat.{table_id}.*", f"timer.{table_id}.*")
+    """The routing keys on ``gin.events`` of what a table's sockets receive besides its
+    events (those come from ``gin.sockets``): chat and timers."""
+    return (f"chat.{table_id}.*", f"timer.{table_id}.*")
 
 
 async def table_socket(request: web.Request) -> web.StreamResponse:

@@ -5,6 +5,10 @@ from __future__ import annotations
 EVENTS_EXCHANGE = "gin.events"
 BOTS_EXCHANGE = "gin.bots"
 COMMANDS_QUEUE = "gin.commands"
+# Internal to the table service: each relay batch of table events as one message (a JSON array
+# of their envelopes), fanned out to every replica's WebSocket hub. A replica's hub would
+# otherwise get back, one message at a time, every event it has just delivered itself.
+SOCKETS_EXCHANGE = "gin.sockets"
 
 
 def table_event_key(table_id: str, event_type: str) -> str:

@@ -11,6 +11,7 @@ from shared.contracts.names import (
     COMMANDS_QUEUE,
     DEAD_LETTER,
     EVENTS_EXCHANGE,
+    SOCKETS_EXCHANGE,
     bot_key,
     bot_queue,
 )
@@ -39,6 +40,9 @@ async def declare_topology(channel: AbstractChannel, prefix: str) -> dict[str, A
     bots = await channel.declare_exchange(
         prefix + BOTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
     )
+    sockets = await channel.declare_exchange(
+        prefix + SOCKETS_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
+    )
     work_queue_args: dict[str, object] = {
         "x-queue-type": "quorum",
         "x-dead-letter-exchange": prefix + DEAD_LETTER,
@@ -55,12 +59,17 @@ async def declare_topology(channel: AbstractChannel, prefix: str) -> dict[str, A
             arguments=work_queue_args,  # type: ignore[arg-type]
         )
         await queue.bind(bots, bot_key(level))
-    return {EVENTS_EXCHANGE: events, BOTS_EXCHANGE: bots, DEAD_LETTER: dead}
+    return {
+        EVENTS_EXCHANGE: events,
+        BOTS_EXCHANGE: bots,
+        SOCKETS_EXCHANGE: sockets,
+        DEAD_LETTER: dead,
+    }
 
 
 async def delete_topology(channel: AbstractChannel, prefix: str) -> None:
     """Remove what ``declare_topology`` made (test runs clean up their prefix)."""
     for queue in [COMMANDS_QUEUE, DEAD_LETTER, *(bot_queue(level) for level in BOT_LEVELS)]:
         await channel.queue_delete(prefix + queue)
-    for exchange in (EVENTS_EXCHANGE, BOTS_EXCHANGE, DEAD_LETTER):
+    for exchange in (EVENTS_EXCHANGE, BOTS_EXCHANGE, SOCKETS_EXCHANGE, DEAD_LETTER):
         await channel.exchange_delete(prefix + exchange)

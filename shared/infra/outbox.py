@@ -27,12 +27,14 @@ from aio_pika.abc import AbstractChannel, AbstractExchange
 from pamqp.commands import Basic
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from shared.contracts.names import EVENTS_EXCHANGE
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
 SQL_DIR = Path(__file__).parent / "sql"
 NOTIFY_CHANNEL = "gin_outbox"
 PERSISTENT = 2  # delivery mode
+TRANSIENT = 1
 PUBLISH_TIMEOUT_S = 10.0  # a broker that neither confirms nor fails: give up, retry the batch
 
 
@@ -90,7 +92,11 @@ class OutboxRelay:
         batch: int = 500,
         poll_s: float = 1.0,
         linger_s: float = 0.005,
+        digest_to: str | None = None,
     ) -> None:
+        """``digest_to`` names an exchange that also gets each batch's events (its rows for
+        ``gin.events``) as one message, a JSON array of their bodies, confirmed with the
+        rest of the batch."""
         self.pool = pool
         self.channel = channel  # with publisher confirms
         self.exchanges = {key: exchange.name for key, exchange in exchanges.items()}
@@ -98,6 +104,7 @@ class OutboxRelay:
         self.batch = batch
         self.poll_s = poll_s
         self.linger_s = linger_s
+        self.digest_to = None if digest_to is None else self.exchanges[digest_to]
         self.lock_key = zlib.crc32(f"relay:{schema}".encode())
         self.wake = asyncio.Event()
         self.origin = uuid.uuid4().hex  # this relay's NOTIFY payload: it ignores its own
@@ -182,23 +189,36 @@ class OutboxRelay:
             # One channel keeps the publish order; the confirms are awaited together. The
             # frames go straight to aiormq's channel (aio-pika's Message costs more than this).
             channel = await self.channel.get_underlay_channel()
-            await asyncio.gather(
-                *(
+            publishes = [
+                channel.basic_publish(
+                    row["body"],
+                    exchange=self.exchanges[row["exchange"]],
+                    routing_key=row["routing_key"],
+                    properties=Basic.Properties(
+                        message_id=row["message_id"],
+                        content_type="application/json",
+                        delivery_mode=PERSISTENT,
+                    ),
+                    mandatory=False,
+                    timeout=PUBLISH_TIMEOUT_S,
+                )
+                for row in rows
+            ]
+            events = [row["body"] for row in rows if row["exchange"] == EVENTS_EXCHANGE]
+            if self.digest_to is not None and events:
+                publishes.append(
                     channel.basic_publish(
-                        row["body"],
-                        exchange=self.exchanges[row["exchange"]],
-                        routing_key=row["routing_key"],
+                        b"[" + b",".join(events) + b"]",
+                        exchange=self.digest_to,
+                        routing_key="",
                         properties=Basic.Properties(
-                            message_id=row["message_id"],
-                            content_type="application/json",
-                            delivery_mode=PERSISTENT,
+                            content_type="application/json", delivery_mode=TRANSIENT
                         ),
                         mandatory=False,
                         timeout=PUBLISH_TIMEOUT_S,
                     )
-                    for row in rows
                 )
-            )
+            await asyncio.gather(*publishes)
             await conn.execute(
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
                 [row["id"] for row in rows],

@@ -64,9 +64,10 @@ def relay(
     schema: str,
     channel: AbstractRobustChannel,
     exchanges: Mapping[str, AbstractExchange],
+    digest_to: str | None = None,
 ) -> OutboxRelay:
     """The outbox relay of a service's schema (publishing on a confirming channel), with its
-    metrics on the app's registry."""
+    metrics on the app's registry; ``digest_to`` as for ``OutboxRelay``."""
     settings = app[SETTINGS]
     return OutboxRelay(
         app[POOL],
@@ -77,6 +78,7 @@ def relay(
         batch=settings.relay_batch,
         poll_s=settings.relay_poll_s,
         linger_s=settings.relay_linger_s,
+        digest_to=digest_to,
     )
 
 

@@ -30,6 +30,7 @@ import yaml
 from shared.contracts.names import (
     COMMANDS_QUEUE,
     EVENTS_EXCHANGE,
+    SOCKETS_EXCHANGE,
     bot_queue,
     chat_key,
     table_event_key,
@@ -619,8 +620,10 @@ def _needs(service: str) -> set[tuple[str, str]]:
     own = {"table": "amq.gen-Xy12", "chat": CHAT_QUEUE, "timers": TIMERS_QUEUE}.get(service)
     if own is not None:  # its own queue of table events: declare, bind, consume
         needs |= {("configure", own), ("write", own), ("read", own), ("read", EVENTS_EXCHANGE)}
+    if service == "table":  # the replicas' queues also get the relay's batches
+        needs |= {("read", SOCKETS_EXCHANGE)}
     publishes = {
-        "table": {EVENTS_EXCHANGE, "gin.bots"},
+        "table": {EVENTS_EXCHANGE, "gin.bots", SOCKETS_EXCHANGE},
         "chat": {EVENTS_EXCHANGE},
         "timers": {EVENTS_EXCHANGE, "amq.default"},  # expire commands to gin.commands
         "bots": {"amq.default"},  # moves to gin.commands
@@ -653,6 +656,7 @@ def test_only_bots_and_timers_write_commands_only_bots_read_bot_queues() -> None
     for level in amqp.BOT_LEVELS:
         assert who("read", bot_queue(level)) == {"gin-bots"}
     assert who("write", "gin.bots") == {"gin-table"}
+    assert who("write", SOCKETS_EXCHANGE) == who("read", SOCKETS_EXCHANGE) == {"gin-table"}
     assert permissions["gin-keda"] == {"configure": "", "write": "", "read": ""}
     for user in permissions:  # nobody may make or take from queues named at random
         assert not _can(permissions[user]["read"], "gin.stolen"), user

@@ -1,6 +1,8 @@
 """How the outbox relay wakes: in-process after its own process commits, by another
 replica's NOTIFY after that replica commits, and by the NOTIFY of a transaction (chat,
-timers); never by its own NOTIFY, and otherwise only by polling (here: once a minute)."""
+timers); never by its own NOTIFY, and otherwise only by polling (here: once a minute).
+And what a batch publishes besides its rows: its events as one message, for the table
+service's WebSocket hubs."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shared.contracts.names import EVENTS_EXCHANGE
+from shared.contracts.names import BOTS_EXCHANGE, EVENTS_EXCHANGE, SOCKETS_EXCHANGE
 from shared.infra import amqp, db
 from shared.infra.outbox import NOTIFY_CHANNEL, SQL_DIR, OutboxRelay, RelayMetrics
 from shared.infra.settings import Settings
@@ -22,20 +24,21 @@ POLL_S = 60.0  # long enough that a publish within seconds was a wake-up, not a 
 
 
 class Replicas:
-    """Two relays of one schema: ``running`` runs its loop, ``other`` only commits."""
+    """Two relays of one schema: ``running`` runs its loop (and sends each batch's events to
+    ``gin.sockets`` too, as the table service's relay does), ``other`` only commits."""
 
     def __init__(self, pool: asyncpg.Pool, running: OutboxRelay, other: OutboxRelay) -> None:
         self.pool = pool
         self.running = running
         self.other = other
 
-    async def commit(self, key: str) -> None:
+    async def commit(self, key: str, exchange: str = EVENTS_EXCHANGE) -> None:
         """Commit one outbox row, with no NOTIFY in the transaction."""
         async with self.pool.acquire() as conn:
             await conn.execute(
                 "INSERT INTO outbox (exchange, routing_key, body, message_id)"
                 " VALUES ($1, $2, $3, $4)",
-                EVENTS_EXCHANGE,
+                exchange,
                 key,
                 b'{"key": "%s"}' % key.encode(),
                 uuid.uuid4().hex,
@@ -60,11 +63,13 @@ async def replicas(settings: Settings) -> AsyncIterator[Replicas]:
     channel = await connection.channel(publisher_confirms=True)
     exchanges = await amqp.declare_topology(channel, settings.prefix)
 
-    def relay() -> OutboxRelay:
+    def relay(digest_to: str | None = None) -> OutboxRelay:
         metrics = RelayMetrics(CollectorRegistry())
-        return OutboxRelay(pool, schema, channel, exchanges, metrics, poll_s=POLL_S)
+        return OutboxRelay(
+            pool, schema, channel, exchanges, metrics, poll_s=POLL_S, digest_to=digest_to
+        )
 
-    running = relay()
+    running = relay(SOCKETS_EXCHANGE)
     task = asyncio.create_task(running.run())
     await asyncio.sleep(0.3)  # listening, and past its first (empty) look at the outbox
     try:
@@ -131,3 +136,22 @@ async def test_a_burst_of_commits_sends_few_notifies(replicas: Replicas) -> None
         await listener.remove_listener(NOTIFY_CHANNEL, hear)
     assert 1 <= len(heard) <= 2
     assert set(heard) == {replicas.other.origin}
+
+
+async def test_a_batch_sends_its_events_to_the_sockets_exchange_as_one_message(
+    replicas: Replicas, settings: Settings
+) -> None:
+    keys = [f"relay.{uuid.uuid4().hex[:8]}.{n}" for n in range(3)]
+    async with (
+        Tap(settings, SOCKETS_EXCHANGE, "") as sockets,
+        Tap(settings, EVENTS_EXCHANGE, *keys) as events,
+    ):
+        await replicas.commit(keys[0])
+        await replicas.commit("bot.nobody", BOTS_EXCHANGE)  # not an event: not in the batch
+        for key in keys[1:]:
+            await replicas.commit(key)
+        replicas.running.committed()
+        batches = await sockets.collect(lambda got: bool(got), within_s=5.0)
+        assert batches == [[{"key": key} for key in keys]]  # one message, in outbox order
+        published = await events.collect(lambda got: len(got) >= len(keys), within_s=5.0)
+        assert [body["key"] for body in published] == keys  # and each event on its own
