@@ -190,15 +190,11 @@ class Hub:
                 if envelope.seq > client.last_chat_seq:
                     client.last_chat_seq = envelope.seq
                     await _send(client, WsEvent(event=envelope))
-            return
-        if envelope.type == "absence_claimable":  # from the timers: its own numbering
+        elif envelope.type == "absence_claimable":  # from the timers: its own numbering
             for client in list(watchers):
                 if envelope.id not in client.notices:
                     client.notices.add(envelope.id)
                     await _send(client, WsEvent(event=envelope))
-            return
-        if any(c.last_seq < envelope.seq for c in watchers):  # a table event
-            await self.catch_up(envelope.table_id, [envelope])
 
     async def deliver_local(self, change: Change) -> None:
         """A change this replica just committed: its clients get it without the broker hop."""
