@@ -17,10 +17,11 @@ import asyncio
 import contextlib
 import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from datetime import datetime
 from pathlib import Path
 
+import aiormq.abc
 import asyncpg
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
@@ -189,7 +190,7 @@ class OutboxRelay:
             # One channel keeps the publish order; the confirms are awaited together. The
             # frames go straight to aiormq's channel (aio-pika's Message costs more than this).
             channel = await self.channel.get_underlay_channel()
-            publishes = [
+            publishes: list[Awaitable[object]] = [
                 channel.basic_publish(
                     row["body"],
                     exchange=self.exchanges[row["exchange"]],
@@ -204,20 +205,8 @@ class OutboxRelay:
                 )
                 for row in rows
             ]
-            events = [row["body"] for row in rows if row["exchange"] == EVENTS_EXCHANGE]
-            if self.digest_to is not None and events:
-                publishes.append(
-                    channel.basic_publish(
-                        b"[" + b",".join(events) + b"]",
-                        exchange=self.digest_to,
-                        routing_key="",
-                        properties=Basic.Properties(
-                            content_type="application/json", delivery_mode=TRANSIENT
-                        ),
-                        mandatory=False,
-                        timeout=PUBLISH_TIMEOUT_S,
-                    )
-                )
+            if self.digest_to is not None:
+                publishes += _digest(channel, self.digest_to, rows)
             await asyncio.gather(*publishes)
             await conn.execute(
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
@@ -225,3 +214,25 @@ class OutboxRelay:
             )
             self.metrics.published.inc(len(rows))
             return len(rows)
+
+
+def _digest(
+    channel: aiormq.abc.AbstractChannel, exchange: str, rows: list[asyncpg.Record]
+) -> list[Awaitable[object]]:
+    """The publish of a batch's events (its rows for ``gin.events``) as one message, a JSON
+    array of their bodies; none for a batch without events."""
+    events = [row["body"] for row in rows if row["exchange"] == EVENTS_EXCHANGE]
+    if not events:
+        return []
+    body = b"[" + b",".join(events) + b"]"
+    properties = Basic.Properties(content_type="application/json", delivery_mode=TRANSIENT)
+    return [
+        channel.basic_publish(
+            body,
+            exchange=exchange,
+            routing_key="",
+            properties=properties,
+            mandatory=False,
+            timeout=PUBLISH_TIMEOUT_S,
+        )
+    ]
