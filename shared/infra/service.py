@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -125,10 +126,20 @@ def main(
             sys.exit("this service has no database to migrate")
         asyncio.run(migrate_only(settings))
         return
+    app = create_app(settings)
+    app.on_startup.append(_freeze_heap)
     web.run_app(
-        create_app(settings),
+        app,
         host=settings.http_host,
         port=settings.http_port,
         shutdown_timeout=settings.shutdown_grace_s,
         print=None,
     )
+
+
+async def _freeze_heap(app: web.Application) -> None:
+    """Once started, move what the process holds for good (modules, the engine's tables, the
+    app) out of the collector's reach: a full collection then scans only what came since,
+    instead of pausing the event loop for some 40 ms (every command waiting behind it)."""
+    gc.collect()
+    gc.freeze()
