@@ -9,15 +9,20 @@ A process that commits rows often (the table service) tells its own relay in-pro
 (``committed``) and sends one NOTIFY after the commit for every burst of commits, so that
 whichever replica holds the lock wakes too. A NOTIFY inside each move's transaction would
 serialize every commit behind PostgreSQL's notify queue lock and cost a wake-up per move.
+
+Published rows are kept ``retention_s`` (to look into), then deleted: the outbox is a way out,
+not a log (each service keeps its own log; the table's is ``events``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -37,6 +42,7 @@ NOTIFY_CHANNEL = "gin_outbox"
 PERSISTENT = 2  # delivery mode
 TRANSIENT = 1
 PUBLISH_TIMEOUT_S = 10.0  # a broker that neither confirms nor fails: give up, retry the batch
+PRUNE_EVERY_S = 60.0  # at most; more often when the retention is shorter
 
 
 async def add_many(conn: Conn, rows: list[tuple[str, str, bytes, str]]) -> None:
@@ -64,6 +70,11 @@ class RelayMetrics:
         )
         self.failures = Counter(
             "gin_outbox_publish_failures", "Relay batches that failed to publish", registry=registry
+        )
+        self.pruned = Counter(
+            "gin_outbox_pruned",
+            "Published outbox messages deleted after their retention",
+            registry=registry,
         )
 
 
@@ -94,10 +105,12 @@ class OutboxRelay:
         poll_s: float = 1.0,
         linger_s: float = 0.005,
         digest_to: str | None = None,
+        retention_s: float = 86400.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``digest_to`` names an exchange that also gets each batch's events (its rows for
         ``gin.events``) as one message, a JSON array of their bodies, confirmed with the
-        rest of the batch."""
+        rest of the batch. Rows this relay published are deleted ``retention_s`` later."""
         self.pool = pool
         self.channel = channel  # with publisher confirms
         self.exchanges = {key: exchange.name for key, exchange in exchanges.items()}
@@ -111,6 +124,13 @@ class OutboxRelay:
         self.origin = uuid.uuid4().hex  # this relay's NOTIFY payload: it ignores its own
         self._notify_due = False
         self._notifier: asyncio.Task[None] | None = None
+        self.retention_s = retention_s
+        self.clock = clock
+        # (when, highest id published by then), a mark per ``_mark_s`` at most, oldest first
+        self._published: deque[tuple[float, int]] = deque()
+        self._mark_s = min(1.0, retention_s / 10)
+        self._prune_every_s = min(PRUNE_EVERY_S, retention_s)
+        self._prune_at = clock() + self._prune_every_s
 
     async def run(self) -> None:
         """Relay until cancelled; survive database and broker outages."""
@@ -170,6 +190,8 @@ class OutboxRelay:
             sent = await self.relay_once(conn)
             if sent >= self.batch:
                 continue
+            if self.clock() >= self._prune_at:
+                await self.prune(conn)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.poll_s)
             if sent:  # busy: let the next batch gather for ``linger_s`` after this one began
@@ -212,8 +234,35 @@ class OutboxRelay:
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
                 [row["id"] for row in rows],
             )
-            self.metrics.published.inc(len(rows))
-            return len(rows)
+        self.metrics.published.inc(len(rows))
+        self._mark(rows[-1]["id"])
+        return len(rows)
+
+    def _mark(self, upto: int) -> None:
+        """Rows up to id ``upto`` (those of them published) were published by now."""
+        now = self.clock()
+        if self._published and now - self._published[-1][0] < self._mark_s:
+            self._published[-1] = (self._published[-1][0], max(upto, self._published[-1][1]))
+        else:
+            self._published.append((now, upto))
+
+    async def prune(self, conn: Conn) -> int:
+        """Delete the rows this relay published ``retention_s`` ago or earlier (and any older
+        published row, a former relay's); how many. A row committed late with a lower id
+        than those is kept until it is published."""
+        self._prune_at = self.clock() + self._prune_every_s
+        cutoff = self.clock() - self.retention_s
+        upto = None
+        while self._published and self._published[0][0] <= cutoff:
+            upto = self._published.popleft()[1]
+        if upto is None:
+            return 0
+        status = await conn.execute(
+            "DELETE FROM outbox WHERE id <= $1 AND published_at IS NOT NULL", upto
+        )
+        deleted = int(status.split()[-1])
+        self.metrics.pruned.inc(deleted)
+        return deleted
 
 
 def _digest(

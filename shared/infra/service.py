@@ -80,6 +80,7 @@ def relay(
         poll_s=settings.relay_poll_s,
         linger_s=settings.relay_linger_s,
         digest_to=digest_to,
+        retention_s=settings.outbox_retention_s,
     )
 
 

@@ -34,6 +34,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     relay_batch: int = 500
     relay_poll_s: float = 1.0
     relay_linger_s: float = 0.005  # a busy relay lets each next batch gather this long
+    outbox_retention_s: float = 86400.0  # published outbox rows are kept this long (replays)
     timer_poll_s: float = 1.0  # the timer service looks for due deadlines at least this often
     timer_batch: int = 100  # due deadlines taken per transaction
     timer_retry_s: float = 600.0  # an expiry the table has not reported yet is sent again after

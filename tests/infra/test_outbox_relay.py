@@ -2,13 +2,14 @@
 replica's NOTIFY after that replica commits, and by the NOTIFY of a transaction (chat,
 timers); never by its own NOTIFY, and otherwise only by polling (here: once a minute).
 And what a batch publishes besides its rows: its events as one message, for the table
-service's WebSocket hubs."""
+service's WebSocket hubs. And how published rows leave the outbox after their retention."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import asyncpg
 import pytest
@@ -27,10 +28,23 @@ class Replicas:
     """Two relays of one schema: ``running`` runs its loop (and sends each batch's events to
     ``gin.sockets`` too, as the table service's relay does), ``other`` only commits."""
 
-    def __init__(self, pool: asyncpg.Pool, running: OutboxRelay, other: OutboxRelay) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        running: OutboxRelay,
+        other: OutboxRelay,
+        make: Callable[..., OutboxRelay],
+    ) -> None:
         self.pool = pool
         self.running = running
         self.other = other
+        self.make = make  # another relay of the schema: OutboxRelay's keyword arguments
+
+    async def ids(self) -> dict[int, bool]:
+        """Every row in the outbox: id, and whether it is published."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch("SELECT id, published_at IS NOT NULL AS done FROM outbox")
+        return {row["id"]: row["done"] for row in rows}
 
     async def commit(self, key: str, exchange: str = EVENTS_EXCHANGE) -> None:
         """Commit one outbox row, with no NOTIFY in the transaction."""
@@ -63,17 +77,17 @@ async def replicas(settings: Settings) -> AsyncIterator[Replicas]:
     channel = await connection.channel(publisher_confirms=True)
     exchanges = await amqp.declare_topology(channel, settings.prefix)
 
-    def relay(digest_to: str | None = None) -> OutboxRelay:
+    def relay(**options: Any) -> OutboxRelay:
         metrics = RelayMetrics(CollectorRegistry())
         return OutboxRelay(
-            pool, schema, channel, exchanges, metrics, poll_s=POLL_S, digest_to=digest_to
+            pool, schema, channel, exchanges, metrics, **{"poll_s": POLL_S, **options}
         )
 
-    running = relay(SOCKETS_EXCHANGE)
+    running = relay(digest_to=SOCKETS_EXCHANGE)
     task = asyncio.create_task(running.run())
     await asyncio.sleep(0.3)  # listening, and past its first (empty) look at the outbox
     try:
-        yield Replicas(pool, running, relay())
+        yield Replicas(pool, running, relay(), relay)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -155,3 +169,61 @@ async def test_a_batch_sends_its_events_to_the_sockets_exchange_as_one_message(
         assert batches == [[{"key": key} for key in keys]]  # one message, in outbox order
         published = await events.collect(lambda got: len(got) >= len(keys), within_s=5.0)
         assert [body["key"] for body in published] == keys  # and each event on its own
+
+
+async def test_published_rows_are_deleted_after_their_retention(replicas: Replicas) -> None:
+    now = [0.0]
+    relay = replicas.make(retention_s=100.0, clock=lambda: now[0])
+    async with replicas.pool.acquire() as conn:
+        await replicas.commit("relay.a")
+        await replicas.commit("relay.b")
+        assert await relay.relay_once(conn) == 2  # at 0
+        a, b = sorted(await replicas.ids())
+        # b as a row committed late, after a higher id went out: not published yet
+        await conn.execute("UPDATE outbox SET published_at = NULL WHERE id = $1", b)
+        now[0] = 10.0
+        await replicas.commit("relay.c")
+        assert await relay.relay_once(conn) == 2  # b and c, at 10
+        (c,) = set(await replicas.ids()) - {a, b}
+        await conn.execute("UPDATE outbox SET published_at = NULL WHERE id = $1", b)
+        now[0] = 99.0
+        assert await relay.prune(conn) == 0  # nothing is 100 s old yet
+        now[0] = 105.0
+        assert await relay.prune(conn) == 1
+        assert await replicas.ids() == {b: False, c: True}  # b kept: unpublished
+        now[0] = 111.0
+        assert await relay.prune(conn) == 1
+        assert await replicas.ids() == {b: False}
+        assert await relay.relay_once(conn) == 1  # b goes out at last
+        assert await replicas.ids() == {b: True}
+        now[0] = 212.0
+        assert await relay.prune(conn) == 1
+    assert await replicas.ids() == {}
+    (counted,) = (
+        sample.value
+        for metric in relay.metrics.pruned.collect()
+        for sample in metric.samples
+        if sample.name == "gin_outbox_pruned_total"
+    )
+    assert counted == 3
+
+
+async def test_a_running_relay_prunes_what_it_published(
+    replicas: Replicas, settings: Settings
+) -> None:
+    relay = replicas.make(retention_s=0.5, poll_s=0.1)
+    task = asyncio.create_task(relay.run())
+    key = f"relay.{uuid.uuid4().hex[:8]}.pruned"
+    try:
+        async with Tap(settings, EVENTS_EXCHANGE, key) as tap:
+            await replicas.commit(key)
+            relay.wake.set()  # this relay only (committed() would wake the fixture's by NOTIFY)
+            assert await keys_published(tap, within_s=5.0) == [key]
+        for _ in range(50):
+            if not await replicas.ids():
+                break
+            await asyncio.sleep(0.1)
+        assert await replicas.ids() == {}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
