@@ -22,11 +22,10 @@ import time
 import uuid
 import zlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 
-import aiormq.abc
 import asyncpg
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
@@ -34,6 +33,7 @@ from pamqp.commands import Basic
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared.contracts.names import EVENTS_EXCHANGE
+from shared.infra.amqp import Outgoing, publish_confirmed
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
@@ -209,27 +209,24 @@ class OutboxRelay:
                 return 0
             oldest: datetime = rows[0]["created_at"]
             self.metrics.lag.set((rows[0]["now"] - oldest).total_seconds())
-            # One channel keeps the publish order; the confirms are awaited together. The
-            # frames go straight to aiormq's channel (aio-pika's Message costs more than this).
-            channel = await self.channel.get_underlay_channel()
-            publishes: list[Awaitable[object]] = [
-                channel.basic_publish(
+            # One channel, one write: the order holds, the confirms are awaited together.
+            messages = [
+                Outgoing(
+                    self.exchanges[row["exchange"]],
+                    row["routing_key"],
                     row["body"],
-                    exchange=self.exchanges[row["exchange"]],
-                    routing_key=row["routing_key"],
-                    properties=Basic.Properties(
+                    Basic.Properties(
                         message_id=row["message_id"],
                         content_type="application/json",
                         delivery_mode=PERSISTENT,
                     ),
-                    mandatory=False,
-                    timeout=PUBLISH_TIMEOUT_S,
                 )
                 for row in rows
             ]
             if self.digest_to is not None:
-                publishes += _digest(channel, self.digest_to, rows)
-            await asyncio.gather(*publishes)
+                messages += _digest(self.digest_to, rows)
+            async with asyncio.timeout(PUBLISH_TIMEOUT_S):
+                await publish_confirmed(await self.channel.get_underlay_channel(), messages)
             await conn.execute(
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
                 [row["id"] for row in rows],
@@ -265,23 +262,12 @@ class OutboxRelay:
         return deleted
 
 
-def _digest(
-    channel: aiormq.abc.AbstractChannel, exchange: str, rows: list[asyncpg.Record]
-) -> list[Awaitable[object]]:
-    """The publish of a batch's events (its rows for ``gin.events``) as one message, a JSON
-    array of their bodies; none for a batch without events."""
+def _digest(exchange: str, rows: list[asyncpg.Record]) -> list[Outgoing]:
+    """A batch's events (its rows for ``gin.events``) as one message, a JSON array of their
+    bodies; none for a batch without events."""
     events = [row["body"] for row in rows if row["exchange"] == EVENTS_EXCHANGE]
     if not events:
         return []
     body = b"[" + b",".join(events) + b"]"
     properties = Basic.Properties(content_type="application/json", delivery_mode=TRANSIENT)
-    return [
-        channel.basic_publish(
-            body,
-            exchange=exchange,
-            routing_key="",
-            properties=properties,
-            mandatory=False,
-            timeout=PUBLISH_TIMEOUT_S,
-        )
-    ]
+    return [Outgoing(exchange, "", body, properties)]
