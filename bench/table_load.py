@@ -334,6 +334,11 @@ async def play(base: str, think_s: float) -> dict[str, Any]:
         "command_to_opponent_ws_p99_ms": round(lat[int(len(lat) * 0.99)], 2),
         "refused": sum(m.errors for m in matches),
         "n": moves,
+        "moves_per_match_min_median_max": [
+            min(m.moves for m in matches),
+            statistics.median(m.moves for m in matches),
+            max(m.moves for m in matches),
+        ],
     }
 
 
