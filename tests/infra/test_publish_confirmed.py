@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import aio_pika
 import aiormq
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel
 from pamqp.commands import Basic
 
 from shared.infra.amqp import Outgoing, publish_confirmed
@@ -21,12 +21,21 @@ from shared.infra.settings import Settings
 
 
 @pytest.fixture
-async def connection(settings: Settings) -> AsyncIterator[AbstractRobustConnection]:
+async def channel(settings: Settings) -> AsyncIterator[AbstractChannel]:
+    """A channel with publisher confirms (aio-pika's, as the services open them)."""
     connection = await aio_pika.connect_robust(settings.amqp_url)
     try:
-        yield connection
+        yield await connection.channel(publisher_confirms=True)
     finally:
         await connection.close()
+
+
+@pytest.fixture
+async def underlay(channel: AbstractChannel) -> aiormq.Channel:
+    """Its aiormq channel, which ``publish_confirmed`` writes on."""
+    underlay = await channel.get_underlay_channel()
+    assert isinstance(underlay, aiormq.Channel)
+    return underlay
 
 
 async def a_queue(
@@ -50,12 +59,9 @@ async def received(queue: aio_pika.abc.AbstractQueue) -> list[tuple[bytes, str |
 
 
 async def test_a_batch_arrives_whole_and_in_order(
-    connection: AbstractRobustConnection, settings: Settings
+    channel: AbstractChannel, underlay: aiormq.Channel, settings: Settings
 ) -> None:
-    channel = await connection.channel(publisher_confirms=True)
     queue = await a_queue(channel, settings)
-    underlay = await channel.get_underlay_channel()
-    assert isinstance(underlay, aiormq.Channel)
     big = bytes(range(256)) * 1200  # 300 KB: more than one frame (RabbitMQ's frame_max 128 KB)
     assert len(big) > underlay.max_content_size
     bodies = [b"%d" % n for n in range(300)] + [big, b""]
@@ -72,11 +78,9 @@ async def test_a_batch_arrives_whole_and_in_order(
 
 
 async def test_a_batch_and_basic_publish_share_a_channel(
-    connection: AbstractRobustConnection, settings: Settings
+    channel: AbstractChannel, underlay: aiormq.Channel, settings: Settings
 ) -> None:
-    channel = await connection.channel(publisher_confirms=True)
     queue = await a_queue(channel, settings)
-    underlay = await channel.get_underlay_channel()
     await publish_confirmed(underlay, [message(queue.name, b"1"), message(queue.name, b"2")])
     confirm = await underlay.basic_publish(b"3", routing_key=queue.name)
     assert isinstance(confirm, Basic.Ack)  # aiormq's tag after ours: in step
@@ -86,12 +90,10 @@ async def test_a_batch_and_basic_publish_share_a_channel(
 
 
 async def test_a_nacked_message_fails_the_batch(
-    connection: AbstractRobustConnection, settings: Settings
+    channel: AbstractChannel, underlay: aiormq.Channel, settings: Settings
 ) -> None:
-    channel = await connection.channel(publisher_confirms=True)
     full = await a_queue(channel, settings, **{"x-max-length": 1, "x-overflow": "reject-publish"})
     other = await a_queue(channel, settings)
-    underlay = await channel.get_underlay_channel()
     with pytest.raises(aiormq.exceptions.DeliveryError):
         await publish_confirmed(underlay, [message(full.name, b"kept"), message(full.name, b"x")])
     await publish_confirmed(underlay, [message(other.name, b"after")])  # the channel goes on
@@ -99,7 +101,6 @@ async def test_a_nacked_message_fails_the_batch(
     assert [body for body, _ in await received(other)] == [b"after"]
 
 
-async def test_only_an_aiormq_channel_will_do(connection: AbstractRobustConnection) -> None:
-    channel = await connection.channel(publisher_confirms=True)
+async def test_only_an_aiormq_channel_will_do(channel: AbstractChannel) -> None:
     with pytest.raises(TypeError):
         await publish_confirmed(channel, [message("nowhere", b"x")])  # type: ignore[arg-type]
