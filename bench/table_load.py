@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,19 +233,20 @@ class Match:
         for line in self.lines:
             line.close()
 
-    async def seat(self, seat: int, snapshot: Callable[[], None], go: asyncio.Event) -> None:
-        """Play one seat until ``stop``: once its snapshot is in, tell ``snapshot`` and wait
-        for ``go`` (every socket connected) before the first move."""
+    async def seat(self, seat: int, ready: asyncio.Barrier) -> None:
+        """Play one seat until ``stop``: once its snapshot is in, wait at ``ready`` (for every
+        socket to have its own) before the first move."""
         url = f"{self.base}/v1/tables/{self.table_id}/ws?token={self.tokens[seat]}"
         async with self.session.ws_connect(url) as ws:
             self.sockets.append(ws)
+            waited = False
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     return
                 data = _message.decode(msg.data)
-                if not go.is_set():
-                    snapshot()
-                    await go.wait()
+                if not waited:
+                    waited = True
+                    await ready.wait()
                 if data.event is not None:
                     key = (1 - seat, data.event.seq)  # sent by the opponent
                     sent = self.sent_at.pop(key, None)
@@ -303,19 +303,11 @@ async def play(base: str, think_s: float) -> dict[str, Any]:
             await asyncio.gather(*(m.setup() for m in matches[i : i + 20]))
         # Play starts once all sockets are open: 400 connections in one burst are not play,
         # and a real site's players do not all arrive in the same second.
-        waiting = 2 * MATCHES
-        go = asyncio.Event()
-
-        def snapshot() -> None:
-            nonlocal waiting
-            waiting -= 1
-            if waiting == 0:
-                go.set()
-
+        ready = asyncio.Barrier(2 * MATCHES + 1)  # every seat, and this
         gc.collect()  # nor should this process's own collector pause its players mid-run
         gc.freeze()
-        seats = [asyncio.ensure_future(m.seat(s, snapshot, go)) for m in matches for s in (0, 1)]
-        await asyncio.wait_for(go.wait(), 120)
+        seats = [asyncio.ensure_future(m.seat(s, ready)) for m in matches for s in (0, 1)]
+        await asyncio.wait_for(ready.wait(), 120)
         start = time.perf_counter()
         await asyncio.sleep(SECONDS)
         elapsed = time.perf_counter() - start

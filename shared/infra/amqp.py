@@ -115,6 +115,7 @@ async def publish_confirmed(
     confirmations: list[asyncio.Future[object]] = []
     async with channel.lock:
         before = channel.delivery_tag
+        size = channel.max_content_size
         frames: list[Basic.Publish | ContentHeader | ContentBody] = []
         for message in messages:
             channel.delivery_tag += 1
@@ -124,7 +125,6 @@ async def publish_confirmed(
             body = message.body
             frames.append(Basic.Publish(exchange=message.exchange, routing_key=message.routing_key))
             frames.append(ContentHeader(properties=message.properties, body_size=len(body)))
-            size = channel.max_content_size
             frames += (ContentBody(body[i : i + size]) for i in range(0, len(body), size))
         written = channel.create_future()
         try:

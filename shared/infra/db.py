@@ -19,9 +19,9 @@ class FairPool(asyncpg.Pool):
 
     asyncpg's pool is an asyncio.Queue of connections, and a queue lets a newcomer take an
     item put back for a waiter that has not run yet; the waiter then goes to the back of the
-    line. A saturated table service starved some players that way (in one 20 s round, 60 moves
-    for one match and 137 for another). A semaphore as large as the pool, which wakes its waiters in
-    order and lets no one past them, now decides who gets the next connection.
+    line. A saturated table service starved some players that way (in one 20 s round, 60
+    moves for one match and 137 for another). A semaphore as large as the pool, which wakes
+    its waiters in order and lets no one past them, now decides who gets the next connection.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

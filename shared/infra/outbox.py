@@ -247,8 +247,9 @@ class OutboxRelay:
         """Delete the rows this relay published ``retention_s`` ago or earlier (and any older
         published row, a former relay's); how many. A row committed late with a lower id
         than those is kept until it is published."""
-        self._prune_at = self.clock() + self._prune_every_s
-        cutoff = self.clock() - self.retention_s
+        now = self.clock()
+        self._prune_at = now + self._prune_every_s
+        cutoff = now - self.retention_s
         upto = None
         while self._published and self._published[0][0] <= cutoff:
             upto = self._published.popleft()[1]
