@@ -12,6 +12,9 @@ from typing import Literal
 import msgspec
 
 ENV_PREFIX = "GIN_"
+# The public default: a service refuses to start with it (or any secret under 32 bytes)
+# unless development tokens are on.
+DEFAULT_AUTH_SECRET = "dev-only-secret-change-me-before-production"
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,14 +26,32 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     http_host: str = "127.0.0.1"
     http_port: int = 8080
     public_url: str = "http://127.0.0.1:8080"  # where invitation links point
-    auth_secret: str = "dev-only-secret-change-me-before-production"
-    dev_tokens: bool = False  # POST /v1/dev/tokens exists only when true
+    auth_secret: str = DEFAULT_AUTH_SECRET  # refused at start unless dev_tokens is on
+    auth_issuer: str = ""  # when set, a token's ``iss`` must be this
+    auth_audience: str = ""  # when set, a token's ``aud`` must name this
+    auth_leeway_s: float = 30.0  # clock skew allowed on ``exp`` (and ``nbf``, ``iat``)
+    dev_tokens: bool = False  # POST /v1/dev/tokens exists only when true (never over https)
     absence_after_s: float = 48 * 3600.0
     expiry_after_s: float = 7 * 86400.0
     bot_think_s: float = 1.0
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
     db_pool_size: int = 10
+    db_acquire_timeout_s: float = 2.0  # a request waits this long for a connection, then 503
+    db_statement_timeout_s: float = 5.0  # PostgreSQL cancels a statement after this (503)
+    max_body_bytes: int = 64 * 1024  # a larger request body answers 413
+    ws_max_frame_bytes: int = 16 * 1024  # a larger WebSocket message closes the socket (1009)
+    ws_send_queue: int = 256  # frames queued for one socket; a client past it is closed (4008)
+    # Per-identity limits, valid across replicas: so many per window (seconds), then 429.
+    rate_commands: int = 600
+    rate_commands_window_s: float = 60.0
+    rate_joins: int = 60
+    rate_joins_window_s: float = 60.0
+    rate_tables: int = 120
+    rate_tables_window_s: float = 3600.0
+    rate_sockets: int = 120
+    rate_sockets_window_s: float = 60.0
+    rate_sync_s: float = 0.2  # how often a replica shares its counts with the others
     relay_batch: int = 500
     relay_poll_s: float = 1.0
     relay_linger_s: float = 0.005  # a busy relay lets each next batch gather this long
