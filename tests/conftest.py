@@ -125,6 +125,11 @@ def settings(database_url: str, server_urls: tuple[str, str], run_id: str) -> It
         log_format="console",
         log_level="warning",
         auth_secret="test-secret-that-is-long-enough-for-hs256",
+        # Tests play whole matches as fast as they can: the limits' own tests set them low.
+        rate_commands=1_000_000,
+        rate_joins=1_000_000,
+        rate_tables=1_000_000,
+        rate_sockets=1_000_000,
     )
 
     async def cleanup() -> None:
