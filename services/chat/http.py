@@ -8,11 +8,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from services.chat.chat import Chat
-from shared.contracts.api import ErrorDetail
+from shared.contracts.api import MAX_SEQ, ErrorDetail
 from shared.infra import web as web_edge
 from shared.infra.auth import AuthError, Identity, bearer, verify
 from shared.infra.service import POOL, SETTINGS
-from shared.infra.web import Refused
+from shared.infra.web import whole_number
 
 log = structlog.get_logger()
 
@@ -86,13 +86,9 @@ async def get_messages(request: web.Request) -> web.Response:
     delivers, as ``GET /v1/tables/{id}/events`` lists the table's. The next page is
     ``after=<the last one's seq>``; an empty list means the caller has everything.
     """
-    try:
-        after = int(request.query.get("after", "0"))
-        limit = min(int(request.query.get("limit", str(HISTORY_LIMIT))), HISTORY_MAX)
-    except ValueError as exc:
-        raise Refused(400, "invalid_request", "after and limit are whole numbers") from exc
-    if after < 0 or limit < 1:
-        raise Refused(400, "invalid_request", "after >= 0 and limit >= 1")
+    after = whole_number(request.query.get("after"), "after", 0, 0, MAX_SEQ)
+    limit = whole_number(request.query.get("limit"), "limit", HISTORY_LIMIT, 1, MAX_SEQ)
+    limit = min(limit, HISTORY_MAX)  # a larger page is asked for: the largest is sent
     async with request.app[POOL].acquire() as conn:
         page = await request.app[CHAT].history(conn, request.match_info["id"], after, limit)
     return web.Response(body=_json.encode(page), content_type="application/json")

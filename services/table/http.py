@@ -16,6 +16,8 @@ from services.table import store
 from services.table.store import Change
 from services.table.tables import Actor, Tables
 from shared.contracts.api import (
+    MAX_HAND,
+    MAX_SEQ,
     CommandResult,
     CreateTable,
     ErrorDetail,
@@ -31,7 +33,7 @@ from shared.infra import web as web_edge
 from shared.infra.auth import AuthError, Identity, bearer, mint, verify
 from shared.infra.db import Conn
 from shared.infra.service import POOL, SETTINGS
-from shared.infra.web import Refusal, Refused
+from shared.infra.web import Refusal, Refused, whole_number
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -45,6 +47,7 @@ COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
 _json = msgspec.json.Encoder()
 # Refusals that mean the request itself was malformed rather than untimely.
 BAD_INPUT = {"unknown_card", "invalid_meld", "overlapping_melds"}
+EVENTS_LIMIT = 1000  # events per page of GET /v1/tables/{id}/events
 
 
 class CommandMetrics:
@@ -84,9 +87,15 @@ def refusal_of(exc: Exception) -> Refusal | None:
 refusals = web_edge.refusals(refusal_of)
 
 
-def identity_of(request: web.Request, required: bool = True) -> Identity | None:
-    """The caller's identity from the bearer token (or ``?token=`` for WebSockets)."""
-    token = bearer(request.headers.get("Authorization")) or request.query.get("token")
+def identity_of(
+    request: web.Request, required: bool = True, query_token: bool = False
+) -> Identity | None:
+    """The caller's identity from the bearer token, or from ``?token=`` where ``query_token``
+    (the WebSocket route only: a browser cannot set headers on a WebSocket; a token in any
+    other URL would end up in logs and histories)."""
+    token = bearer(request.headers.get("Authorization"))
+    if token is None and query_token:
+        token = request.query.get("token")
     if token is None:
         if required:
             raise AuthError("this route needs 'Authorization: Bearer <token>'")
@@ -192,13 +201,9 @@ async def post_command(request: web.Request) -> web.Response:
 
 async def get_events(request: web.Request) -> web.Response:
     """``GET /v1/tables/{id}/events?after=N``: public events to catch up after a reconnect."""
-    try:
-        after = int(request.query.get("after", "0"))
-        limit = min(int(request.query.get("limit", "1000")), 1000)
-    except ValueError as exc:
-        raise Refused(400, "invalid_request", "after and limit are whole numbers") from exc
-    if after < 0 or limit < 1:
-        raise Refused(400, "invalid_request", "after >= 0 and limit >= 1")
+    after = whole_number(request.query.get("after"), "after", 0, 0, MAX_SEQ)
+    limit = whole_number(request.query.get("limit"), "limit", EVENTS_LIMIT, 1, MAX_SEQ)
+    limit = min(limit, EVENTS_LIMIT)  # a larger page is asked for: the largest is sent
     table_id = request.match_info["id"]
     async with request.app[POOL].acquire() as conn:
         if await store.read_table(conn, table_id) is None:
@@ -209,10 +214,7 @@ async def get_events(request: web.Request) -> web.Response:
 
 async def get_hand(request: web.Request) -> web.Response:
     """``GET /v1/tables/{id}/hands/{n}``: a finished hand's full record, deck and salt."""
-    try:
-        number = int(request.match_info["n"])
-    except ValueError as exc:
-        raise Refused(400, "invalid_request", "the hand number is a whole number") from exc
+    number = whole_number(request.match_info["n"], "the hand number", 1, 1, MAX_HAND)
     async with request.app[POOL].acquire() as conn:
         record = await store.hand_record(conn, request.match_info["id"], number)
     if record is None:

@@ -93,22 +93,25 @@ class Locked(msgspec.Struct, kw_only=True):
     """A table locked for one command, with what the command needs to know."""
 
     row: TableRow
-    prior: str | None  # the stored result of this command_id, if it ran already
-    prior_actor: str | None  # who sent that command_id first
+    prior: str | None  # the stored result of this actor's command_id, if it ran already
     deck_design: str | None  # the caller's
 
 
 _KNOWN = (
-    "(SELECT result FROM commands WHERE table_id = $1 AND command_id = $2) AS prior,"
-    " (SELECT actor FROM commands WHERE table_id = $1 AND command_id = $2) AS actor,"
-    " (SELECT deck_design FROM preferences WHERE player_id = $3) AS design"
+    "(SELECT result FROM commands WHERE table_id = $1 AND actor = $4 AND command_id = $2)"
+    " AS prior, (SELECT deck_design FROM preferences WHERE player_id = $3) AS design"
 )
 
 
 async def lock_for_command(
-    conn: Conn, table_id: str, command_id: str | None = None, player_id: str | None = None
+    conn: Conn,
+    table_id: str,
+    command_id: str | None = None,
+    player_id: str | None = None,
+    actor: str | None = None,
 ) -> Locked | None:
-    """Lock the table for this transaction, with a prior result and the deck design.
+    """Lock the table for this transaction, with the prior result of this actor's command_id
+    (ids are scoped by who sends them) and the deck design.
 
     The locking statement also reads them, from its own snapshot, and the table's version in
     that snapshot. If another transaction changed the row while this one waited for the lock,
@@ -122,19 +125,47 @@ async def lock_for_command(
         table_id,
         command_id,
         player_id,
+        actor,
     )
     if record is None:
         return None
     known: asyncpg.Record | None = record
     if record["seen_version"] != record["version"]:  # we waited behind a commit
-        known = await conn.fetchrow(f"SELECT {_KNOWN}", table_id, command_id, player_id)
+        known = await conn.fetchrow(f"SELECT {_KNOWN}", table_id, command_id, player_id, actor)
     assert known is not None
-    return Locked(
-        row=_row(record),
-        prior=known["prior"],
-        prior_actor=known["actor"],
-        deck_design=known["design"],
+    return Locked(row=_row(record), prior=known["prior"], deck_design=known["design"])
+
+
+class Seating(msgspec.Struct, frozen=True, kw_only=True):
+    """Who sits at a table and the code to join it: what refuses a spectator or a wrong code
+    without the row lock. Seats are only ever filled, never emptied (R10.1), so a full
+    seating, once committed, is true for good."""
+
+    invite_code: str
+    creator_id: str
+    people: tuple[str | None, ...]  # each seat's person id (None: empty, or a bot)
+    full: bool
+
+
+def seating_of(invite_code: str, creator_id: str, seats: list[Player | None]) -> Seating:
+    """A table's seating from its columns."""
+    return Seating(
+        invite_code=invite_code,
+        creator_id=creator_id,
+        people=tuple(None if p is None or p.bot is not None else p.id for p in seats),
+        full=all(p is not None for p in seats),
     )
+
+
+async def read_seating(conn: Conn, table_id: str) -> Seating | None:
+    """A table's seating as last committed, without a lock."""
+    record = await conn.fetchrow(
+        "SELECT invite_code, creator_id, seats::text FROM tables WHERE table_id = $1", table_id
+    )
+    if record is None:
+        return None
+    seats = _seats_decoder.decode(record["seats"])
+    return seating_of(record["invite_code"], record["creator_id"], seats)
 
 
 async def read_table(conn: Conn, table_id: str) -> TableRow | None:

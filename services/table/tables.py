@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
@@ -42,6 +43,7 @@ from shared.infra.web import Refused
 BOT_NAMES: dict[BotLevel, str] = {"tito": "TITO", "carmen": "CARMEN", "luna": "LUNA"}
 _json = msgspec.json.Encoder()
 Shuffle = Callable[[], tuple[list[int], str, int]]
+SEATINGS_KEPT = 100_000  # full seatings remembered per replica (some 200 bytes each)
 
 
 class Actor(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,6 +59,14 @@ class Actor(msgspec.Struct, frozen=True, kw_only=True):
         if self.identity is not None:
             return f"person:{self.identity.id}"
         return f"{self.kind}:{self.seat}"
+
+
+def _check_sender(actor: Actor, cmd: c.Command) -> None:
+    """Only the timer service expires a table, and it does nothing else."""
+    if actor.kind == "timer" and not isinstance(cmd, c.Expire):
+        raise Refused(403, "timer_expires_only", "the timer service only expires tables")
+    if actor.kind != "timer" and isinstance(cmd, c.Expire):
+        raise Refused(403, "not_timer", "only the timer service expires a table", "R10.3")
 
 
 def secure_shuffle() -> tuple[list[int], str, int]:
@@ -82,6 +92,8 @@ class Tables:
         self.expiry_after_s = expiry_after_s
         self.clock = clock
         self.shuffle = shuffle
+        # Full seatings read from committed rows (true for good, R10.1), newest last.
+        self.seatings: OrderedDict[str, store.Seating] = OrderedDict()
 
     def timing(self) -> Timing:
         """Now, with the absence and expiry durations."""
@@ -145,12 +157,11 @@ class Tables:
         self, conn: Conn, table_id: str, identity: Identity, code: str
     ) -> tuple[CommandResult, store.Change]:
         """Take the free seat with the invitation code; the match starts (R10.1)."""
+        seating = await self.seating(conn, table_id)
+        self._check_invitation(seating, identity, code)  # before the lock: a flood waits on none
         locked = await self._lock(conn, table_id, player=identity.id)
         row = locked.row
-        if not secrets.compare_digest(code, row.invite_code):
-            raise Refused(403, "bad_invite_code", "this invitation code is not this table's")
-        if row.seat_of(identity.id) is not None:
-            raise Refused(409, "already_seated", "you are seated at this table already", "R10.1")
+        self._check_invitation(self._remember(row), identity, code)
         if row.status in ("closed", "expired"):
             raise Refused(409, "table_closed", "this table is closed", "R10.1")
         if row.status != "waiting":
@@ -164,10 +175,10 @@ class Tables:
         self, conn: Conn, table_id: str, identity: Identity, level: BotLevel
     ) -> tuple[CommandResult, store.Change]:
         """The creator fills the free seat with a bot; the match starts (R10.1)."""
+        if (await self.seating(conn, table_id)).creator_id != identity.id:  # before the lock
+            raise Refused(403, "not_creator", "only the table's creator seats a bot", "R10.1")
         locked = await self._lock(conn, table_id, player=identity.id)
         row = locked.row
-        if row.creator_id != identity.id:
-            raise Refused(403, "not_creator", "only the table's creator seats a bot", "R10.1")
         if row.status != "waiting":
             raise Refused(409, "seat_taken", "both seats are taken", "R10.1")
         bot = Player(name=BOT_NAMES[level], bot=level)
@@ -196,12 +207,14 @@ class Tables:
         """Apply one command in the caller's transaction: the result as JSON and the change
         (none for a repeat of a ``command_id``: it returns the first result, changes nothing)."""
         player = actor.identity.id if actor.identity else None
-        locked = await self._lock(conn, table_id, cmd.command_id, player)
+        _check_sender(actor, cmd)
+        if player is not None:  # a spectator is refused before the lock, most often from memory
+            await self._check_seated(conn, table_id, player)
+        locked = await self._lock(conn, table_id, cmd.command_id, player, actor.label)
         row = locked.row
-        seat = self._seat(row, actor, cmd)  # a spectator is refused before anything else
-        if locked.prior is not None:
-            if locked.prior_actor != actor.label:  # never show one seat's answer to another
-                raise Refused(409, "command_id_taken", "this command_id was used by someone else")
+        self._remember(row)
+        seat = self._seat(row, actor, cmd)
+        if locked.prior is not None:  # this actor's own: ids are scoped by who sends them
             return locked.prior.encode(), None
         if cmd.expected_version is not None and cmd.expected_version != row.version:
             raise Refused(
@@ -221,13 +234,52 @@ class Tables:
         await store.save_change(conn, change)
         return result, change
 
+    # --- refusals before the row lock -------------------------------------------------------
+
+    async def seating(self, conn: Conn, table_id: str) -> store.Seating:
+        """A table's seating: remembered if full, else read without a lock (404 if none)."""
+        seating = self.seatings.get(table_id)
+        if seating is None:
+            seating = await store.read_seating(conn, table_id)
+            if seating is None:
+                raise Refused(404, "no_such_table", f"there is no table {table_id!r}")
+            self._keep(table_id, seating)
+        return seating
+
+    async def _check_seated(self, conn: Conn, table_id: str, player: str) -> None:
+        seating = await self.seating(conn, table_id)
+        if player in seating.people:
+            return
+        if not seating.full:  # they may have just joined, at another replica: look again
+            self.seatings.pop(table_id, None)
+            seating = await self.seating(conn, table_id)
+        if player not in seating.people:
+            raise Refused(403, "not_seated", "spectators watch and do not play", "R10.1")
+
+    @staticmethod
+    def _check_invitation(seating: store.Seating, identity: Identity, code: str) -> None:
+        if not secrets.compare_digest(code.encode(), seating.invite_code.encode()):
+            raise Refused(403, "bad_invite_code", "this invitation code is not this table's")
+        if identity.id in seating.people:
+            raise Refused(409, "already_seated", "you are seated at this table already", "R10.1")
+
+    def _remember(self, row: TableRow) -> store.Seating:
+        """The seating of a row read under the lock (so committed); kept once full."""
+        seating = store.seating_of(row.invite_code, row.creator_id, row.seats)
+        self._keep(row.table_id, seating)
+        return seating
+
+    def _keep(self, table_id: str, seating: store.Seating) -> None:
+        if not seating.full:
+            return
+        self.seatings[table_id] = seating
+        self.seatings.move_to_end(table_id)
+        if len(self.seatings) > SEATINGS_KEPT:
+            self.seatings.popitem(last=False)
+
     def _seat(self, row: TableRow, actor: Actor, cmd: c.Command) -> int | None:
         if actor.kind == "timer":
-            if not isinstance(cmd, c.Expire):
-                raise Refused(403, "timer_expires_only", "the timer service only expires tables")
             return None
-        if isinstance(cmd, c.Expire):
-            raise Refused(403, "not_timer", "only the timer service expires a table", "R10.3")
         if actor.kind == "bot":
             seat = actor.seat
             if seat not in (0, 1) or row.seats[seat] is None or row.seats[seat].bot is None:  # type: ignore[union-attr]
@@ -284,9 +336,14 @@ class Tables:
     # --- recording a change -----------------------------------------------------------------
 
     async def _lock(
-        self, conn: Conn, table_id: str, command_id: str | None = None, player: str | None = None
+        self,
+        conn: Conn,
+        table_id: str,
+        command_id: str | None = None,
+        player: str | None = None,
+        actor: str | None = None,
     ) -> store.Locked:
-        locked = await store.lock_for_command(conn, table_id, command_id, player)
+        locked = await store.lock_for_command(conn, table_id, command_id, player, actor)
         if locked is None:
             raise Refused(404, "no_such_table", f"there is no table {table_id!r}")
         return locked

@@ -13,6 +13,16 @@ from shared.contracts.options import StrictTableOptions
 from shared.contracts.views import TableView
 
 DeckDesign = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")]
+# Python's ``$`` also matches before a final newline (ECMA's, in the schema, does not):
+# ``(?!\n)`` makes both read a pattern the same way.
+# The shapes of what a client names, checked before any database call. The service makes
+# table ids of 12 and invitation codes of 22 URL-safe characters (secrets.token_urlsafe).
+TABLE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}(?!\n)$"
+INVITE_CODE_PATTERN = r"^[A-Za-z0-9_-]{1,64}(?!\n)$"
+InviteCode = Annotated[str, msgspec.Meta(pattern=INVITE_CODE_PATTERN)]
+# Positions in a log (``after``) are PostgreSQL bigints; hand numbers are integers.
+MAX_SEQ = 2**63 - 1
+MAX_HAND = 2**31 - 1
 
 
 class Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -28,7 +38,7 @@ class CreateTable(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
 class JoinTable(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/tables/{id}/join``."""
 
-    invite_code: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    invite_code: InviteCode
 
 
 class SeatBot(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -46,8 +56,8 @@ class Preferences(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
 class MintToken(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/dev/tokens`` (development only)."""
 
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=60)]
-    sub: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
+    name: Annotated[str, msgspec.Meta(pattern=r"^[^\x00-\x1f\x7f]{1,60}$")]
+    sub: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:@~-]{1,100}(?!\n)$")] | None = None
 
 
 class Token(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,13 @@ from typing import Annotated, Literal
 import msgspec
 
 CardText = Annotated[str, msgspec.Meta(min_length=1, max_length=4)]
-CommandId = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+# A client's own retry key: 1 to 100 of A-Z a-z 0-9 . _ : ~ - (a UUID fits). Ids are scoped by
+# who sends them, so a person's id never meets a bot's or the timer service's.
+COMMAND_ID_PATTERN = r"^[A-Za-z0-9._:~-]{1,100}(?!\n)$"
+CommandId = Annotated[str, msgspec.Meta(pattern=COMMAND_ID_PATTERN)]
+Meld = Annotated[list[CardText], msgspec.Meta(max_length=11)]
+# A table's version is a PostgreSQL integer.
+MAX_VERSION = 2**31 - 1
 
 
 class Command(
@@ -26,7 +32,7 @@ class Command(
     """Fields every command may carry."""
 
     command_id: CommandId | None = None
-    expected_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    expected_version: Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)] | None = None
 
 
 class TakeUpcard(Command, tag="take_upcard", frozen=True, kw_only=True):
@@ -57,8 +63,8 @@ class Knock(Command, tag="knock", frozen=True, kw_only=True):
     """
 
     card: CardText | None = None
-    melds: list[list[CardText]] | None = None
-    deadwood: int | None = None
+    melds: Annotated[list[Meld], msgspec.Meta(max_length=11)] | None = None
+    deadwood: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
 
 
 class BigGin(Command, tag="big_gin", frozen=True, kw_only=True):

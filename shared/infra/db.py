@@ -14,6 +14,10 @@ from asyncpg.pool import PoolConnectionProxy
 log = structlog.get_logger()
 
 
+class PoolExhausted(TimeoutError):
+    """Every connection stayed busy for the whole acquire timeout."""
+
+
 class FairPool(asyncpg.Pool):
     """asyncpg's pool, handing connections out first come, first served.
 
@@ -24,18 +28,24 @@ class FairPool(asyncpg.Pool):
     its waiters in order and lets no one past them, now decides who gets the next connection.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, acquire_timeout_s: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._turns = asyncio.Semaphore(kwargs["max_size"])
+        self._acquire_timeout_s = acquire_timeout_s
 
     async def _acquire(self, timeout: float | None) -> Any:  # noqa: ASYNC109 (asyncpg.Pool's)
-        async with asyncio.timeout(timeout):
-            await self._turns.acquire()
-            try:
-                return await super()._acquire(None)  # type: ignore[misc]
-            except BaseException:
-                self._turns.release()
-                raise
+        """A connection in turn; PoolExhausted when none came within the timeout (the
+        caller's, else the pool's): a request then answers 503 instead of waiting unbounded."""
+        try:
+            async with asyncio.timeout(timeout or self._acquire_timeout_s):
+                await self._turns.acquire()
+                try:
+                    return await super()._acquire(None)  # type: ignore[misc]
+                except BaseException:
+                    self._turns.release()
+                    raise
+        except TimeoutError as exc:
+            raise PoolExhausted("no database connection came free in time") from exc
 
     async def release(self, connection: Any, *, timeout: float | None = None) -> None:  # noqa: ASYNC109
         try:
@@ -44,10 +54,21 @@ class FairPool(asyncpg.Pool):
             self._turns.release()
 
 
-async def create_pool(url: str, schema: str, size: int) -> asyncpg.Pool:
-    """A fair pool whose connections see the service's schema first."""
+async def create_pool(
+    url: str,
+    schema: str,
+    size: int,
+    acquire_timeout_s: float | None = None,
+    statement_timeout_s: float | None = None,
+) -> asyncpg.Pool:
+    """A fair pool whose connections see the service's schema first; an acquire waits at most
+    ``acquire_timeout_s`` and PostgreSQL cancels a statement after ``statement_timeout_s``."""
+    server_settings = {"search_path": schema, "application_name": f"gin-{schema}"}
+    if statement_timeout_s:
+        server_settings["statement_timeout"] = str(int(statement_timeout_s * 1000))
     pool = FairPool(
         url,
+        acquire_timeout_s=acquire_timeout_s,
         min_size=1,
         max_size=size,
         max_queries=50_000,
@@ -56,7 +77,7 @@ async def create_pool(url: str, schema: str, size: int) -> asyncpg.Pool:
         loop=None,
         connection_class=asyncpg.Connection,
         record_class=asyncpg.Record,
-        server_settings={"search_path": schema, "application_name": f"gin-{schema}"},
+        server_settings=server_settings,
     )
     await pool
     return pool

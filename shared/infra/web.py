@@ -6,20 +6,26 @@ nothing. Each service adds its own refusals (the engine's, say) through ``classi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Mapping
 
+import asyncpg
 import msgspec
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from shared.contracts.api import ErrorBody, ErrorDetail
+from shared.contracts.api import TABLE_ID_PATTERN, ErrorBody, ErrorDetail
+from shared.infra import db
 from shared.infra.auth import AuthError
+
+log = structlog.get_logger()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Refusal = tuple[int, ErrorDetail, Mapping[str, str]]
 _json = msgspec.json.Encoder()
 AIOHTTP_CODES = {404: "no_such_route", 405: "method_not_allowed", 413: "body_too_large"}
+_TABLE_ID = re.compile(TABLE_ID_PATTERN)
 
 
 class Refused(Exception):
@@ -42,6 +48,16 @@ class Refused(Exception):
         self.headers: Mapping[str, str] = headers or {}
 
 
+def table_id_of(request: web.Request) -> str:
+    """The table id a route names, if it has the shape of one (else 400, before any query)."""
+    table_id = request.match_info["id"]
+    if _TABLE_ID.search(table_id) is None:
+        raise Refused(
+            400, "invalid_table_id", "a table id is 1 to 64 of the characters A-Z a-z 0-9 _ -"
+        )
+    return table_id
+
+
 def error_response(
     status: int, detail: ErrorDetail, headers: Mapping[str, str] | None = None
 ) -> web.Response:
@@ -62,7 +78,51 @@ def refusal_of(exc: Exception) -> Refusal | None:
     if isinstance(exc, msgspec.DecodeError):
         detail = ErrorDetail(code="malformed_json", message=f"the body is not JSON: {exc}")
         return 400, detail, {}
+    return unavailable_of(exc)
+
+
+# SQLSTATE classes that say "not now" rather than "not this": connection exceptions, too many
+# connections or out of memory, operator intervention (shutdown, cancelled by the statement
+# timeout, starting up), transaction rollback (serialization, deadlock).
+TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "40"})
+
+
+def unavailable_of(exc: BaseException) -> Refusal | None:
+    """503 with Retry-After for a database that is busy or away (the request changed nothing:
+    a command retried with its command_id answers its first result if it did commit)."""
+    if isinstance(exc, db.PoolExhausted):
+        log.warning("database_pool_exhausted")
+        return _unavailable("busy", "the service is busy: try again shortly", 1)
+    if isinstance(exc, asyncpg.PostgresError):
+        state = exc.sqlstate or ""
+        if state[:2] in TRANSIENT_SQLSTATE_CLASSES:
+            log.warning("database_unavailable", sqlstate=state, error=str(exc))
+            return _unavailable("database_unavailable", "the database is unavailable", 2)
+        if state[:2] == "22":  # a data exception: a value the checks should have refused
+            log.warning("database_refused_a_value", sqlstate=state, error=str(exc))
+            return 400, ErrorDetail(code="invalid_request", message="a value is not valid"), {}
+        return None
+    if isinstance(exc, OSError | asyncpg.InterfaceError | asyncpg.PostgresConnectionError):
+        log.warning("database_unreachable", error=repr(exc))
+        return _unavailable("database_unavailable", "the database is unavailable", 2)
     return None
+
+
+def _unavailable(code: str, message: str, retry_after_s: int) -> Refusal:
+    return 503, ErrorDetail(code=code, message=message), {"Retry-After": str(retry_after_s)}
+
+
+def whole_number(text: str | None, name: str, default: int, low: int, high: int) -> int:
+    """A query or path number: ASCII digits only (``int`` also takes "١٢", "1_0" and spaces),
+    within [low, high] (what its column holds); else 400."""
+    if text is None:
+        return default
+    if not (0 < len(text) <= 19 and text.isascii() and text.isdigit()):
+        raise Refused(400, "invalid_request", f"{name} is a whole number from {low} to {high}")
+    value = int(text)
+    if not low <= value <= high:
+        raise Refused(400, "invalid_request", f"{name} is a whole number from {low} to {high}")
+    return value
 
 
 def refusals(
@@ -75,9 +135,9 @@ def refusals(
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         structlog.contextvars.clear_contextvars()
-        if "id" in request.match_info:
-            structlog.contextvars.bind_contextvars(table_id=request.match_info["id"])
         try:
+            if "id" in request.match_info:
+                structlog.contextvars.bind_contextvars(table_id=table_id_of(request))
             return await handler(request)
         except web.HTTPException as exc:  # aiohttp's own: no route, wrong method, too big
             if exc.status < 400:

@@ -90,6 +90,8 @@ def strategy_for(info: mi.Type) -> st.SearchStrategy[Any]:
             high = min(high, info.lt - 1)
         return st.integers(low, high)
     if isinstance(info, mi.StrType):
+        if info.pattern is not None:
+            return st.from_regex(info.pattern, fullmatch=True)
         return st.text(
             st.characters(exclude_categories=("Cs",)),
             min_size=info.min_length or 0,

@@ -483,12 +483,16 @@ async def test_r11_a_reused_command_id_shows_nobody_elses_cards(api: Api, who: s
     secret = set(first["view"]["hand"]["my_cards"])
     other = api.token("Caio") if who == "spectator" else tokens[1 - seat]
     before = await all_events(api, table_id)
-    status, body = await api.command(table_id, other, type="resign", command_id="my-own-id")
+    # The upcard is now offered to the other seat (R4): the same id, their own move.
+    status, body = await api.command(table_id, other, type="pass_upcard", command_id="my-own-id")
     leaked = {s for s in strings_in(body) if s in secret}
     assert not leaked, f"the {who} got {leaked} with status {status}"
     if who == "spectator":
         assert status == 403
         assert body["error"]["code"] == "not_seated"
-    elif status == 200:  # then it must be the opponent's own command, applied
+        assert await all_events(api, table_id) == before
+    else:  # ids are scoped by who sends them: the opponent's own command, applied
+        assert status == 200, body
         assert body["view"]["you"] == 1 - seat
+        assert body["version"] == first["version"] + 1
         assert await all_events(api, table_id) != before
