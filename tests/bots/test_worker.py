@@ -164,3 +164,30 @@ async def test_a_poison_turn_is_dead_lettered_and_does_not_block_the_queue(
                 await asyncio.sleep(0.05)
         assert message.body == b'{"not": "a turn"}'
         await message.ack()
+
+
+async def test_a_person_who_sends_the_bots_next_command_id_does_not_freeze_it(
+    api: Api, worker: TestClient, settings: Settings
+) -> None:
+    """Command ids are scoped by who sends them: a person may send the very id the bot will
+    use next (``bot:<table>:<version>:<seat>`` is predictable), and the bot still moves."""
+    await purge(settings)
+    table_id, token = await bot_table(api)
+    for _ in range(3):  # three turns of the bot, each after a squatted id
+        view = await wait_for(api, table_id, token, persons_turn)
+        move = next(m for m in view["legal"] if m["type"] in ("pass_upcard", "draw"))
+        if move["type"] == "draw":
+            move = {"type": "draw", "source": "stock"}
+            status, body = await api.command(table_id, token, **move)
+            assert status == 200, body
+            view = body["view"]
+            move = {"type": "discard", "card": view["hand"]["my_cards"][0]}
+        # The bot's turn comes at the version this move makes: squat that turn's id.
+        squatted = f"bot:{table_id}:{view['version'] + 1}:1"
+        status, body = await api.command(table_id, token, command_id=squatted, **move)
+        assert status == 200, body
+        assert squatted == f"bot:{table_id}:{body['version']}:1"  # the id of the bot's turn
+        if body["view"]["hand"] is None or body["view"]["hand"]["to_act"] != 1:
+            continue  # the hand ended on this move: the bot has no turn to squat
+        moved = await wait_for(api, table_id, token, persons_turn)
+        assert moved["version"] > body["version"], "the bot did not move"

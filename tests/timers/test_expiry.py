@@ -58,3 +58,27 @@ async def test_r10_3_an_idle_table_expires_with_no_winner_and_refuses_commands(
             assert commands[0]["command"]["type"] == "expire"
             await tdb.until_applied(table, last["seq"])
             assert await tdb.deadlines(table) == {}
+
+
+async def test_r10_3_a_person_who_sends_the_expire_command_id_does_not_keep_the_table(
+    settings: Settings, tdb: TimerDb
+) -> None:
+    """Command ids are scoped by who sends them: a seated person whose last move carries the
+    id of the expiry that move will be due for (``timer:expire:<table>:<seq>``) cannot keep
+    the idle table from expiring."""
+    s = timing(settings, absence_s=60.0, expiry_s=EXPIRY_S)
+    async with open_timers(s), open_api(s, clock=time.time) as api:
+        table_id, ana, bia = await api.table_for_two()
+        tokens = [ana, bia]
+        n = (await api.view(table_id))["hand"]["to_act"]
+        last_seq = (await all_events(api, table_id))[-1]["seq"]
+        squatted = f"timer:expire:{table_id}:{last_seq + 1}"  # passing the upcard: one event
+        status, body = await api.command(
+            table_id, tokens[n], type="pass_upcard", command_id=squatted
+        )
+        assert status == 200, body
+        assert [e["seq"] for e in body["events"]] == [last_seq + 1]  # the id of its expiry
+
+        await until_status(api, table_id, "expired")
+        commands = await tdb.expire_commands(table_id)
+        assert [c["command"]["command_id"] for c in commands] == [squatted]
