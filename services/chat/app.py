@@ -29,7 +29,7 @@ async def migrate(settings: Settings) -> None:
 
 def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> web.Application:
     """The whole chat service, ready for ``web.run_app`` or a test client."""
-    app = web.Application(middlewares=[refusals])
+    app = web.Application(middlewares=[refusals], client_max_size=settings.max_body_bytes)
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[REGISTRY] = registry
