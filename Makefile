@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
-test: venv
+# The checks run first: CI (.ci/run) calls only `make test`, and a lint or type error fails it.
+test: check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 servers: venv
