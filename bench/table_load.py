@@ -44,8 +44,9 @@ MATCHES = int(os.environ.get("BENCH_MATCHES", "200"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "20"))
 THINK_S = float(os.environ.get("BENCH_THINK_S", "0.5"))
 POOL_SIZE = int(os.environ.get("BENCH_POOL", "16"))
-PHASES = os.environ.get("BENCH_PHASES", "raw,saturated,paced").split(",")
+PHASES = os.environ.get("BENCH_PHASES", "raw,saturated,paced,flood").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+FLOOD_PER_S = float(os.environ.get("BENCH_FLOOD_PER_S", "500"))
 
 
 def emit(**fields: Any) -> None:
@@ -294,8 +295,9 @@ class Match:
         return result.view
 
 
-async def play(base: str, think_s: float) -> dict[str, Any]:
-    """N matches at once for SECONDS: the service's figures."""
+async def play(base: str, think_s: float, flood_per_s: float = 0.0) -> dict[str, Any]:
+    """N matches at once for SECONDS: the service's figures. With ``flood_per_s``, a
+    non-seated identity floods the first match's table that often, from its own process."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         matches = [Match(base, session, n, think_s) for n in range(MATCHES)]
@@ -308,9 +310,26 @@ async def play(base: str, think_s: float) -> dict[str, Any]:
         gc.freeze()
         seats = [asyncio.ensure_future(m.seat(s, ready)) for m in matches for s in (0, 1)]
         await asyncio.wait_for(ready.wait(), 120)
+        flooder = None
+        if flood_per_s:
+            flooder = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.flood",
+                base,
+                matches[0].table_id,
+                str(SECONDS),
+                str(flood_per_s),
+                cwd=ROOT,
+                stdout=asyncio.subprocess.PIPE,
+            )
         start = time.perf_counter()
         await asyncio.sleep(SECONDS)
         elapsed = time.perf_counter() - start
+        flood: dict[str, Any] = {}
+        if flooder is not None:
+            out, _ = await flooder.communicate()
+            flood = json.loads(out)
         moves = sum(m.moves for m in matches)
         await asyncio.gather(*(m.stop() for m in matches))
         await asyncio.wait_for(asyncio.gather(*seats), 30)
@@ -319,6 +338,7 @@ async def play(base: str, think_s: float) -> dict[str, Any]:
     lat = sorted(x * 1000 for m in matches for x in m.latencies)
     return {
         "bench": "table_moves",
+        **({"flood": flood} if flood else {}),
         "matches": MATCHES,
         "think_s": think_s,
         "seconds": elapsed,
@@ -450,11 +470,34 @@ def main() -> None:
         if "paced" in PHASES:  # people: a moment's thought before each move
             asyncio.run(settle(url, vacuum="saturated" in PHASES))
             emit(**asyncio.run(published(url, uvloop.run(play(base, THINK_S)))))
+        if "flood" in PHASES:
+            flood_rounds(url, base)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         asyncio.run(database(admin, name, False))
         asyncio.run(_drop_prefix(urls["GIN_AMQP_URL"], f"bench-{name}."))
+
+
+def flood_rounds(url: str, base: str) -> None:
+    """Paced play alone and with a non-seated identity flooding one of its tables at
+    BENCH_FLOOD_PER_S, alternating (the machine's drift hits both); the ratio of the median
+    p99s: what the flood costs the seated players."""
+    quiet: list[float] = []
+    flooded: list[float] = []
+    for n in range(ROUNDS):
+        for rate, p99s in ((0.0, quiet), (FLOOD_PER_S, flooded)):
+            figures = asyncio.run(published(url, uvloop.run(play(base, THINK_S, rate))))
+            p99s.append(figures["command_to_opponent_ws_p99_ms"])
+            emit(round=n, phase="flood" if rate else "quiet", **figures)
+    emit(
+        bench="flood_vs_quiet",
+        rounds=ROUNDS,
+        flood_per_s=FLOOD_PER_S,
+        quiet_p99_median_ms=statistics.median(quiet),
+        flooded_p99_median_ms=statistics.median(flooded),
+        p99_ratio=round(statistics.median(flooded) / statistics.median(quiet), 3),
+    )
 
 
 async def _drop_prefix(amqp_url: str, prefix: str) -> None:
