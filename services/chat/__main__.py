@@ -8,4 +8,4 @@ from services.chat.app import create_app, migrate
 from shared.infra.service import main
 
 if __name__ == "__main__":
-    main(create_app, migrate, default_port=8081)
+    main(create_app, migrate, default_port=8081, verifies_tokens=True)

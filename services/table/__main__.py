@@ -4,4 +4,4 @@ from services.table.app import create_app, migrate
 from shared.infra.service import main
 
 if __name__ == "__main__":
-    main(create_app, migrate)
+    main(create_app, migrate, verifies_tokens=True)

@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobust
 from aiohttp import web
 
 from shared.infra import amqp, db
+from shared.infra.auth import UnsafeTokenSettings, check_token_settings
 from shared.infra.logs import configure
 from shared.infra.ops import REGISTRY, add_ops_routes
 from shared.infra.outbox import SQL_DIR, OutboxRelay, RelayMetrics
@@ -114,9 +115,12 @@ def main(
     create_app: Callable[[Settings], web.Application],
     migrate_only: Callable[[Settings], Coroutine[object, object, None]] | None = None,
     default_port: int | None = None,
+    verifies_tokens: bool = False,
 ) -> None:
     """Run a service until SIGTERM or SIGINT, then drain; ``migrate`` as the only argument
-    applies its migrations and exits. ``default_port`` applies when GIN_HTTP_PORT is unset."""
+    applies its migrations and exits. ``default_port`` applies when GIN_HTTP_PORT is unset.
+    A service that ``verifies_tokens`` exits at once (one line, status 1) with settings it
+    must not verify them with (``auth.check_token_settings``)."""
     settings = Settings.from_env()
     if default_port is not None and env_name("http_port") not in os.environ:
         settings = msgspec.structs.replace(settings, http_port=default_port)
@@ -127,6 +131,8 @@ def main(
             sys.exit("this service has no database to migrate")
         asyncio.run(migrate_only(settings))
         return
+    if verifies_tokens:
+        refuse_unsafe_token_settings(settings)
     app = create_app(settings)
     app.on_startup.append(_freeze_heap)
     web.run_app(
@@ -136,6 +142,15 @@ def main(
         shutdown_timeout=settings.shutdown_grace_s,
         print=None,
     )
+
+
+def refuse_unsafe_token_settings(settings: Settings) -> None:
+    """Exit with one line, not a traceback, when the token settings are unsafe (the
+    migrations are not refused: they verify no tokens and are given no secret)."""
+    try:
+        check_token_settings(settings)
+    except UnsafeTokenSettings as exc:
+        sys.exit(f"refusing to start: {exc}")
 
 
 async def _freeze_heap(app: web.Application) -> None:

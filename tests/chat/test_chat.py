@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from shared.contracts.names import COMMANDS_QUEUE
-from shared.infra.auth import mint, verify
+from shared.infra.auth import Verifier, mint
 from shared.infra.settings import Settings
 from tests.chat.conftest import ChatApi, chat_table, learned, person, status_becomes
 from tests.table.conftest import Api, Clock, assert_error, open_api
@@ -72,7 +72,7 @@ async def test_r10_5_a_bot_seat_never_posts(
 ) -> None:
     """The chat knows the bot's seat, and no token is the bot's: it has no player id."""
     ana = person(api, "Ana")
-    ana_id = verify(api.settings.auth_secret, ana).id
+    ana_id = Verifier.from_settings(api.settings).verify(ana).id
     table_id = (await api.create(ana))["table_id"]
     status, body = await api.call("POST", f"/v1/tables/{table_id}/bot", ana, {"level": "tito"})
     assert status == 200, body

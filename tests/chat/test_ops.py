@@ -77,6 +77,7 @@ async def test_python_m_services_chat_serves_then_drains_on_sigterm(settings: Se
             env_name("database_url"): settings.database_url,
             env_name("amqp_url"): settings.amqp_url,
             env_name("prefix"): settings.prefix,
+            env_name("auth_secret"): settings.auth_secret,  # the default is refused at start
             env_name("http_port"): str(port),
             env_name("log_level"): "warning",
         }

@@ -328,7 +328,7 @@ async def test_tokens_wrong_expired_or_missing_are_401(
 ) -> None:
     bia_id = (await api.view(seated.table_id))["seats"][1]["id"]
     wrong = mint("another-secret-that-is-long-enough-for-hs256", bia_id, "Bia")
-    expired = mint(settings.auth_secret, bia_id, "Bia", ttl_s=-60)
+    expired = mint(settings.auth_secret, bia_id, "Bia", ttl_s=-(settings.auth_leeway_s + 60))
     for token, headers in (
         (wrong, None),
         (expired, None),
@@ -357,7 +357,9 @@ async def test_tokens_wrong_expired_or_missing_are_401(
 
 
 async def test_tokens_are_checked_on_every_route(api: Api, seated: Seated) -> None:
-    expired = mint(api.settings.auth_secret, "user-x", "X", ttl_s=-1)
+    expired = mint(
+        api.settings.auth_secret, "user-x", "X", ttl_s=-(api.settings.auth_leeway_s + 60)
+    )
     t = seated.table_id
     for method, path, body in (
         ("POST", "/v1/tables", {}),

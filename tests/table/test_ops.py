@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.infra.auth import verify
+from shared.infra.auth import Verifier
 from shared.infra.settings import Settings
 from tests.table.conftest import (
     Api,
@@ -82,7 +82,7 @@ async def test_dev_tokens_are_minted_when_enabled(api: Api, settings: Settings) 
     assert status == 201, body
     assert body["name"] == "Zé"
     assert body["sub"].startswith("dev-")
-    identity = verify(settings.auth_secret, body["token"])
+    identity = Verifier.from_settings(settings).verify(body["token"])
     assert (identity.id, identity.name) == (body["sub"], "Zé")
     status, again = await api.call("POST", "/v1/dev/tokens", body={"name": "Zé", "sub": "ze-7"})
     assert status == 201
