@@ -1,0 +1,315 @@
+"""Per-identity rate limits, valid across a service's replicas, with no round trip per check.
+
+Fixed windows: an action allows ``per`` requests in each window of ``window_s`` seconds,
+counted from the epoch, so every replica's windows are the same. ``check`` touches only this
+process's memory (a few dict lookups): a flood is refused as cheaply as it arrives. Every
+``sync_s`` (``run``) the replica adds the counts it took since its last sync to the shared,
+unlogged ``rate_limits`` table in one statement, which answers the new totals of those keys
+and the totals of every key of the current windows that has reached half its limit, so a
+replica learns of an identity it has not counted yet that the others pushed near or past
+the limit. A check refuses when the last total learnt plus the counts not synced yet reaches
+the limit; a refused request is not counted.
+
+How far past its limit a window can go: a count reaches the table at its replica's next
+sync and another replica at that replica's next sync, so a replica may not know what the
+others accepted in the last two sync intervals (plus the two statements' time); a replica
+that has not counted an identity below half its limit learns its total at its own first
+sync after its first count. A window therefore accepts at most ``per`` plus what the
+identity got accepted in those moments by replicas that had not heard yet, after which every
+replica refuses it until the window ends. An identity that keeps to one replica is held
+exactly. At the defaults (0.2 s) a flood of 500 commands/s spread over several replicas gets
+at most some 200 past its limit, once per window. While the database is down each replica
+holds the limit on its own counts (so at most ``per`` per replica) and sends them once it
+is back. A sync whose answer is lost after its commit (a timeout) sends its counts again:
+that error errs on the strict side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from itertools import islice
+
+import asyncpg
+import msgspec
+import structlog
+from prometheus_client import CollectorRegistry, Counter
+
+from shared.infra.settings import Settings
+
+log = structlog.get_logger()
+MAX_ENTRIES = 100_000  # identities counted at once, over all actions and windows
+EVICT_SHARE = 10  # a full table drops a tenth of its entries at once (amortized O(1))
+PRUNE_EVERY_S = 60.0  # ended windows leave the table this often
+SYNC_TIMEOUT_S = 5.0  # a sync that neither answers nor fails (a partition) gives up
+MAX_BACKOFF_S = 2.0
+# Identities kept as they are in the table and in memory; any other (long, non-ASCII, with a
+# NUL or a lone surrogate, which PostgreSQL's text or its index would refuse and so poison
+# every sync) is kept as a digest, marked by a first character no plain identity has.
+PLAIN_MAX = 128
+DIGEST_MARK = "~"
+
+# Add the counts, answer their totals and those of the keys shared with every replica, and
+# (when $8) delete the windows that ended; one round trip. Rows come sorted by key, so two
+# replicas' statements lock the rows they share in the same order (no deadlock). The shared
+# keys are read from the snapshot before the insert: a key of both parts is taken at its
+# larger count.
+_SYNC = """
+WITH counted AS (
+    INSERT INTO rate_limits AS r (action, identity, window_no, ends_at, count, shared_from)
+    SELECT * FROM unnest(
+        $1::text[], $2::text[], $3::bigint[], $4::float8[], $5::bigint[], $6::bigint[])
+    ON CONFLICT (action, identity, window_no) DO UPDATE SET count = r.count + EXCLUDED.count
+    RETURNING r.action, r.identity, r.window_no, r.ends_at, r.count
+), pruned AS (
+    DELETE FROM rate_limits WHERE $8 AND ends_at <= $7
+)
+SELECT action, identity, window_no, ends_at, count FROM counted
+UNION ALL
+SELECT action, identity, window_no, ends_at, count FROM rate_limits
+WHERE count >= shared_from AND ends_at > $7
+"""
+
+
+class Limit(msgspec.Struct, frozen=True):
+    """``per`` requests in each window of ``window_s`` seconds."""
+
+    per: int
+    window_s: float
+
+
+class RateLimited(Exception):
+    """An identity used up its ``action`` limit for this window; ``retry_after_s`` (whole
+    seconds, at least 1) is when the window ends."""
+
+    def __init__(self, action: str, retry_after_s: int) -> None:
+        super().__init__(f"too many {action}: retry in {retry_after_s} s")
+        self.action = action
+        self.retry_after_s = retry_after_s
+
+
+class _Window:
+    """One action's counts in one window, by identity."""
+
+    __slots__ = ("action", "counts", "ends_at", "no", "pending", "per", "shared_from", "starts_at")
+
+    def __init__(self, action: str, no: int, limit: Limit) -> None:
+        self.action = action
+        self.no = no
+        self.per = limit.per
+        self.starts_at = no * limit.window_s
+        self.ends_at = (no + 1) * limit.window_s
+        self.shared_from = max(1, (limit.per + 1) // 2)
+        # The total learnt at the last sync plus this replica's counts since; never below 1.
+        self.counts: dict[str, int] = {}
+        self.pending: dict[str, int] = {}  # this replica's counts not sent yet
+
+
+class RateLimiter:
+    """Per-identity limits of some actions, shared by the replicas through the database."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        limits: Mapping[str, Limit],
+        sync_s: float,
+        clock: Callable[[], float] = time.time,
+        *,
+        registry: CollectorRegistry | None = None,
+        max_entries: int = MAX_ENTRIES,
+    ) -> None:
+        """``clock`` is wall time (the replicas' windows must agree); ``registry`` gets the
+        refusals by action; at most ``max_entries`` identities are counted at once."""
+        if sync_s <= 0 or max_entries < 1 or any(lim.window_s <= 0 for lim in limits.values()):
+            raise ValueError("sync_s, max_entries and every window_s must be positive")
+        self.pool = pool
+        self.limits = dict(limits)
+        self.sync_s = sync_s
+        self.clock = clock
+        self.max_entries = max_entries
+        self._windows: dict[tuple[str, int], _Window] = {}  # oldest first
+        self._current: dict[str, _Window] = {}  # each action's window last checked
+        self._entries = 0
+        self._prune_at = clock()  # the first sync prunes what an earlier run left
+        registry = CollectorRegistry() if registry is None else registry
+        refused = Counter(
+            "gin_rate_limited", "Requests refused by a rate limit", ["action"], registry=registry
+        )
+        self._refused = {action: refused.labels(action) for action in self.limits}
+        self._sync_failures = Counter(
+            "gin_rate_limit_sync_failures",
+            "Rate limit syncs with the database that failed",
+            registry=registry,
+        )
+
+    @classmethod
+    def from_settings(
+        cls, pool: asyncpg.Pool, settings: Settings, *, registry: CollectorRegistry | None = None
+    ) -> RateLimiter:
+        """The limits of commands, joins, table creation and WebSocket connections."""
+        limits = {
+            "commands": Limit(settings.rate_commands, settings.rate_commands_window_s),
+            "joins": Limit(settings.rate_joins, settings.rate_joins_window_s),
+            "tables": Limit(settings.rate_tables, settings.rate_tables_window_s),
+            "sockets": Limit(settings.rate_sockets, settings.rate_sockets_window_s),
+        }
+        return cls(pool, limits, settings.rate_sync_s, registry=registry)
+
+    @property
+    def entries(self) -> int:
+        """How many identities this replica counts, over all actions and windows."""
+        return self._entries
+
+    def check(self, action: str, identity: str) -> None:
+        """Count one ``action`` of ``identity``, or raise RateLimited if its window's limit
+        is reached (a KeyError for an action without a limit)."""
+        now = self.clock()
+        window = self._current.get(action)
+        if window is None or not window.starts_at <= now < window.ends_at:
+            window = self._window_at(action, now)
+        key = _key(identity)
+        count = window.counts.get(key, 0)
+        if count >= window.per:
+            self._refused[action].inc()
+            raise RateLimited(action, max(1, math.ceil(window.ends_at - now)))
+        if not count:
+            self._admit()
+        window.counts[key] = count + 1
+        window.pending[key] = window.pending.get(key, 0) + 1
+
+    async def sync(self) -> None:
+        """Send this replica's counts since the last sync and learn the totals, in one
+        statement; counts that could not be sent are sent with the next sync."""
+        now = self.clock()
+        self._drop_ended(now)
+        sent = [(window, window.pending) for window in self._windows.values() if window.pending]
+        for window, _ in sent:
+            window.pending = {}
+        rows = sorted(
+            (w.action, key, w.no, w.ends_at, n, w.shared_from)
+            for w, pending in sent
+            for key, n in pending.items()
+        )
+        columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * 6
+        prune = now >= self._prune_at
+        try:
+            async with asyncio.timeout(SYNC_TIMEOUT_S), self.pool.acquire() as conn:
+                found = await conn.fetch(_SYNC, *columns, now, prune)
+        except BaseException:
+            self._unsend(sent)
+            raise
+        if prune:
+            self._prune_at = now + PRUNE_EVERY_S
+        self._learn(found, self.clock())
+
+    async def run(self) -> None:
+        """Sync every ``sync_s`` until cancelled; through database outages (logged, backing
+        off), checks go on with this replica's own counts."""
+        loop = asyncio.get_running_loop()
+        backoff = self.sync_s
+        while True:
+            began = loop.time()
+            try:
+                await self.sync()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._sync_failures.inc()
+                log.warning("rate_limit_sync_failed", error=repr(exc), retry_in_s=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, max(MAX_BACKOFF_S, self.sync_s))
+                continue
+            backoff = self.sync_s
+            await asyncio.sleep(max(0.0, began + self.sync_s - loop.time()))
+
+    def _window_at(self, action: str, now: float) -> _Window:
+        """The window of ``action`` at ``now``, opened if new (ended ones are dropped then)."""
+        limit = self.limits[action]
+        no = math.floor(now / limit.window_s)
+        window = self._windows.get((action, no))
+        if window is None:
+            self._drop_ended(now)
+            window = self._windows[action, no] = _Window(action, no, limit)
+        self._current[action] = window
+        return window
+
+    def _drop_ended(self, now: float) -> None:
+        for key, window in list(self._windows.items()):
+            if window.ends_at <= now:
+                del self._windows[key]
+                self._entries -= len(window.counts)
+                if self._current.get(window.action) is window:
+                    del self._current[window.action]
+
+    def _admit(self) -> None:
+        """Room for one more identity."""
+        if self._entries >= self.max_entries:
+            self._evict()
+        self._entries += 1
+
+    def _evict(self) -> None:
+        """Forget a tenth of the identities, of the oldest windows first, those already sent
+        before the others (whose counts are then lost). The table keeps the totals: one
+        forgotten is refused again once its next count is synced."""
+        goal = max(1, self.max_entries // EVICT_SHARE)
+        dropped = unsent = 0
+        for spare_unsent in (True, False):
+            for window in self._windows.values():
+                if dropped >= goal:
+                    break
+                candidates = (
+                    key for key in window.counts if not (spare_unsent and key in window.pending)
+                )
+                victims = list(islice(candidates, goal - dropped))
+                for key in victims:
+                    del window.counts[key]
+                    unsent += window.pending.pop(key, 0)
+                dropped += len(victims)
+        self._entries -= dropped
+        log.warning("rate_limit_entries_evicted", dropped=dropped, unsent=unsent)
+
+    def _unsend(self, sent: Iterable[tuple[_Window, dict[str, int]]]) -> None:
+        """Put back counts a failed sync took, for the next sync."""
+        for window, pending in sent:
+            if self._windows.get((window.action, window.no)) is not window:
+                continue  # ended meanwhile
+            for key, n in pending.items():
+                if key in window.counts:  # not forgotten meanwhile
+                    window.pending[key] = window.pending.get(key, 0) + n
+
+    def _learn(self, rows: Iterable[asyncpg.Record], now: float) -> None:
+        """Take the totals a sync answered (counts never go down within a window)."""
+        for action, key, no, ends_at, total in rows:
+            window = self._windows.get((action, no))
+            if window is None:
+                limit = self.limits.get(action)
+                if limit is None or ends_at <= now:
+                    continue
+                window = _Window(action, no, limit)
+            if ends_at != window.ends_at:  # both (no + 1) * window_s: equal when the same
+                continue  # a replica with another window length for the action (a deploy)
+            self._windows.setdefault((action, no), window)
+            known = window.counts.get(key)
+            if known is None:
+                if total < window.shared_from:
+                    continue  # one this replica forgot: not worth the room
+                self._admit()
+                window.counts[key] = total
+            else:
+                window.counts[key] = max(known, total + window.pending.get(key, 0))
+
+
+def _key(identity: str) -> str:
+    """The identity as counted: itself when short, printable ASCII; else a digest."""
+    if (
+        len(identity) <= PLAIN_MAX
+        and identity.isascii()
+        and identity.isprintable()
+        and not identity.startswith(DIGEST_MARK)
+    ):
+        return identity
+    digest = hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=16)
+    return DIGEST_MARK + digest.hexdigest()

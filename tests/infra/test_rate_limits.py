@@ -1,0 +1,432 @@
+"""Per-identity rate limits (``shared.infra.ratelimit``) on a real PostgreSQL: fixed windows,
+a Retry-After to the window's end, two replicas sharing one table, one statement per sync,
+a database outage (through a proxy the test cuts) and bounded memory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
+
+from shared.infra import db
+from shared.infra.outbox import SQL_DIR
+from shared.infra.ratelimit import Limit, RateLimited, RateLimiter
+from shared.infra.settings import Settings
+
+START = 1_800_000_000.0  # a window start for any window length used here
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = START) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def schema(settings: Settings) -> AsyncIterator[str]:
+    """A schema with the shared migrations (the outbox's and the rate limits')."""
+    name = f"rate_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        applied = await db.migrate(conn, name, SQL_DIR)
+        assert "900_rate_limits.sql" in applied
+        yield name
+    finally:
+        await conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+        await conn.close()
+
+
+@pytest.fixture
+async def pool(settings: Settings, schema: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await db.create_pool(settings.database_url, schema, 2)
+    try:
+        yield pool
+    finally:
+        pool.terminate()
+
+
+async def totals(pool: asyncpg.Pool) -> dict[tuple[str, str], int]:
+    """The shared table: (action, identity) → count, over every window."""
+    rows = await pool.fetch(
+        "SELECT action, identity, sum(count)::int AS n FROM rate_limits GROUP BY 1, 2"
+    )
+    return {(row["action"], row["identity"]): row["n"] for row in rows}
+
+
+def refused(limiter: RateLimiter, action: str, identity: str) -> RateLimited:
+    with pytest.raises(RateLimited) as caught:
+        limiter.check(action, identity)
+    return caught.value
+
+
+async def test_the_limit_refuses_until_the_window_ends_and_a_new_window_starts_afresh(
+    pool: asyncpg.Pool,
+) -> None:
+    clock = Clock(START + 0.25)  # in the window [START, START + 10)
+    limits = {"commands": Limit(3, 10.0), "joins": Limit(1, 10.0)}
+    limiter = RateLimiter(pool, limits, 0.2, clock)
+    for _ in range(3):
+        limiter.check("commands", "ann")
+    refusal = refused(limiter, "commands", "ann")
+    assert (refusal.action, refusal.retry_after_s) == ("commands", 10)  # 9.75 s, rounded up
+    clock.now = START + 9.5
+    assert refused(limiter, "commands", "ann").retry_after_s == 1
+    clock.now = START + 9.999
+    assert refused(limiter, "commands", "ann").retry_after_s == 1  # never 0
+    limiter.check("commands", "bob")  # each identity has its own count
+    limiter.check("joins", "ann")  # and each action
+    assert refused(limiter, "joins", "ann").action == "joins"
+
+    clock.now = START + 10.0  # the next window
+    for _ in range(3):
+        limiter.check("commands", "ann")
+    assert refused(limiter, "commands", "ann").retry_after_s == 10
+    assert limiter.entries == 1  # the ended window's counts are gone
+
+
+async def test_refusals_are_counted_by_action_and_cost_no_round_trip(pool: asyncpg.Pool) -> None:
+    registry = CollectorRegistry()
+    limiter = RateLimiter(pool, {"commands": Limit(5, 60.0)}, 0.2, Clock(), registry=registry)
+    for _ in range(5):
+        limiter.check("commands", "flood")
+    began = time.perf_counter()
+    for _ in range(20_000):  # 40 s of a 500/s flood
+        with contextlib.suppress(RateLimited):
+            limiter.check("commands", "flood")
+    # No database in there: some microseconds each (a round trip would be 100 µs or more).
+    assert time.perf_counter() - began < 1.0
+    assert registry.get_sample_value("gin_rate_limited_total", {"action": "commands"}) == 20_000
+
+
+async def test_two_replicas_share_one_total(pool: asyncpg.Pool) -> None:
+    clock = Clock()
+    limits = {"commands": Limit(10, 60.0)}
+    a, b = (RateLimiter(pool, limits, 0.2, clock) for _ in range(2))
+    for _ in range(6):  # at least half the limit: every replica learns the total
+        a.check("commands", "ann")
+    await a.sync()
+    await b.sync()
+    for _ in range(4):
+        b.check("commands", "ann")
+    assert refused(b, "commands", "ann").retry_after_s == 60  # 6 + 4: the shared total
+    await b.sync()
+    refused(b, "commands", "ann")  # the answer's snapshot of 6, before b's 4, is not taken
+    a.check("commands", "ann")  # a has not heard of b's 4 yet: the error bound
+    await a.sync()
+    refused(a, "commands", "ann")
+    assert await totals(pool) == {("commands", "ann"): 11}
+
+
+async def test_a_replica_refuses_at_once_one_the_others_pushed_to_the_limit(
+    pool: asyncpg.Pool,
+) -> None:
+    clock = Clock()
+    limits = {"tables": Limit(4, 3600.0)}
+    a, b = (RateLimiter(pool, limits, 0.2, clock) for _ in range(2))
+    for _ in range(4):
+        a.check("tables", "ann")
+    refused(a, "tables", "ann")
+    await a.sync()
+    await b.sync()  # b has never counted ann
+    assert refused(b, "tables", "ann").retry_after_s == 3600
+
+
+async def test_a_count_below_half_is_learnt_at_the_replicas_first_sync_of_it(
+    pool: asyncpg.Pool,
+) -> None:
+    clock = Clock()
+    limits = {"joins": Limit(10, 60.0)}
+    a, b = (RateLimiter(pool, limits, 0.2, clock) for _ in range(2))
+    for _ in range(2):
+        a.check("joins", "ann")
+    await a.sync()
+    await b.sync()
+    b.check("joins", "ann")  # b counts 1, not knowing a's 2
+    await b.sync()  # and the statement answers the total, 3
+    for _ in range(7):
+        b.check("joins", "ann")
+    refused(b, "joins", "ann")
+    assert await totals(pool) == {("joins", "ann"): 3}  # b's 7 wait for its next sync
+
+
+async def test_counts_taken_while_a_sync_is_in_flight_are_kept(pool: asyncpg.Pool) -> None:
+    limits = {"commands": Limit(20, 60.0)}
+    a, b = (RateLimiter(pool, limits, 0.2, Clock()) for _ in range(2))
+    for _ in range(4):
+        b.check("commands", "ann")
+    await b.sync()
+    for _ in range(5):
+        a.check("commands", "ann")
+    in_flight = asyncio.create_task(a.sync())
+    await asyncio.sleep(0)  # sent, waiting for the answer
+    for _ in range(5):
+        a.check("commands", "ann")
+    await in_flight  # the total, 9, and a's 5 not sent yet
+    for _ in range(6):
+        a.check("commands", "ann")
+    refused(a, "commands", "ann")
+    await a.sync()
+    assert await totals(pool) == {("commands", "ann"): 20}
+
+
+class RecordingPool:
+    """The pool, recording every statement its connections run."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.statements: list[str] = []
+
+    def _record(self, query: Any) -> None:
+        self.statements.append(query.query)
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, timeout: float | None = None) -> AsyncIterator[Any]:  # noqa: ASYNC109
+        async with self.pool.acquire(timeout=timeout) as conn:
+            conn.add_query_logger(self._record)
+            try:
+                yield conn
+            finally:
+                conn.remove_query_logger(self._record)
+
+
+async def test_a_sync_is_one_statement(settings: Settings, schema: str) -> None:
+    # One connection, used once first: asyncpg learns the array types on a connection's first
+    # use of them (three statements of its own, once per connection, not per sync).
+    one = await db.create_pool(settings.database_url, schema, 1)
+    try:
+        clock = Clock()
+        recording = RecordingPool(one)
+        limits = {"commands": Limit(1000, 60.0), "sockets": Limit(1000, 10.0)}
+        limiter = RateLimiter(cast(asyncpg.Pool, recording), limits, 0.2, clock)
+        await limiter.sync()  # the first also prunes what an earlier run left
+        recording.statements.clear()
+
+        expected: dict[tuple[str, str], int] = {}
+        for n in range(50):
+            for action in limits:
+                for _ in range(n % 7 + 1):
+                    limiter.check(action, f"player-{n}")
+                expected[action, f"player-{n}"] = n % 7 + 1
+        await limiter.sync()
+        assert len(recording.statements) == 1
+        assert await totals(one) == expected
+
+        clock.now += 61.0  # every window ended, and it is time to prune again
+        limiter.check("commands", "player-0")
+        await limiter.sync()
+        assert len(recording.statements) == 2
+        assert await totals(one) == {("commands", "player-0"): 1}  # the ended windows are gone
+        await limiter.sync()  # nothing to send: one statement still learns the others' totals
+        assert len(recording.statements) == 3
+    finally:
+        one.terminate()
+
+
+async def test_identities_postgresql_would_refuse_are_counted_as_digests(
+    pool: asyncpg.Pool,
+) -> None:
+    clock = Clock()
+    limits = {"commands": Limit(2, 60.0)}
+    a, b = (RateLimiter(pool, limits, 0.2, clock) for _ in range(2))
+    awkward = ["nul\x00byte", "x" * 100_000, "\ud800lone", "José", "~plain-looking"]
+    for identity in awkward:
+        a.check("commands", identity)
+        a.check("commands", identity)
+    await a.sync()  # not poisoned by any of them
+    await b.sync()
+    for identity in awkward:
+        refused(b, "commands", identity)
+    assert len(await totals(pool)) == len(awkward)
+    b.check("commands", "plain")  # and the others are still counted apart
+
+
+class Proxy:
+    """A TCP proxy to PostgreSQL that the test cuts (closing every connection and refusing
+    new ones) and restores on the same port: a database outage seen from the replica."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = 0
+        self.server: asyncio.Server | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in list(self.writers):
+            writer.transport.abort()
+        self.writers.clear()
+        await self.server.wait_closed()
+        self.server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self.writers -= {writer, up_writer}
+
+
+@pytest.fixture
+async def proxy(settings: Settings) -> AsyncIterator[Proxy]:
+    url = urlsplit(settings.database_url)
+    proxy = Proxy(url.hostname or "127.0.0.1", url.port or 5432)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        if proxy.server is not None:
+            await proxy.cut()
+
+
+def through(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    host = f"127.0.0.1:{port}"
+    return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+
+
+async def eventually(condition: Callable[[], Any], timeout_s: float = 10.0) -> None:
+    """Wait until ``condition()`` (a bool or an awaitable of one) is true."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            value = condition()
+            if await value if inspect.isawaitable(value) else value:
+                return
+            await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running(limiter: RateLimiter) -> AsyncIterator[asyncio.Task[None]]:
+    """``limiter.run()`` as a task, cancelled (and waited for) at the end."""
+    task = asyncio.create_task(limiter.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_database_outage_leaves_the_checks_local_and_never_stops_the_syncs(
+    settings: Settings, schema: str, pool: asyncpg.Pool, proxy: Proxy
+) -> None:
+    async def counted(expected: dict[tuple[str, str], int]) -> bool:
+        return await totals(pool) == expected
+
+    cut_off = await db.create_pool(through(settings.database_url, proxy.port), schema, 2)
+    limiter = RateLimiter(cut_off, {"commands": Limit(5, 3600.0)}, 0.05)
+    try:
+        with capture_logs() as logs:
+            async with running(limiter) as task:
+                limiter.check("commands", "ann")
+                limiter.check("commands", "ann")
+                await eventually(lambda: counted({("commands", "ann"): 2}))
+
+                await proxy.cut()
+                for _ in range(3):
+                    limiter.check("commands", "ann")
+                refused(limiter, "commands", "ann")  # held on this replica's own counts
+                limiter.check("commands", "bob")
+                await eventually(lambda: any(e["event"] == "rate_limit_sync_failed" for e in logs))
+                await asyncio.sleep(0.5)  # a few failed syncs, backing off
+                assert not task.done()
+
+                await proxy.start()  # the counts taken meanwhile reach the table
+                await eventually(lambda: counted({("commands", "ann"): 5, ("commands", "bob"): 1}))
+                assert not task.done()
+                refused(limiter, "commands", "ann")
+        assert task.cancelled()  # run() ended only when cancelled
+    finally:
+        cut_off.terminate()
+
+
+async def test_two_running_replicas_hear_of_each_other_within_syncs(pool: asyncpg.Pool) -> None:
+    limits = {"sockets": Limit(100, 3600.0)}
+    a, b = (RateLimiter(pool, limits, 0.05) for _ in range(2))
+    taken_by_b = 0
+
+    def b_refuses() -> bool:
+        nonlocal taken_by_b
+        try:
+            b.check("sockets", "ann")
+        except RateLimited:
+            return True
+        taken_by_b += 1
+        return False
+
+    async with running(a), running(b):
+        for _ in range(100):
+            a.check("sockets", "ann")
+        await eventually(b_refuses)  # a probe each 20 ms, syncs each 50 ms
+        # b took a few before it heard (within two syncs), far from a limit of its own.
+        assert taken_by_b < 50
+        await eventually(lambda: b.entries == 1)
+        await asyncio.sleep(0.2)  # b's last counts reach the table
+    assert await totals(pool) == {("sockets", "ann"): 100 + taken_by_b}
+
+
+async def test_memory_is_bounded_and_a_forgotten_identity_is_refused_after_one_sync(
+    pool: asyncpg.Pool,
+) -> None:
+    clock = Clock()
+    limiter = RateLimiter(pool, {"commands": Limit(3, 60.0)}, 0.2, clock, max_entries=10)
+    for _ in range(3):
+        limiter.check("commands", "ann")
+    await limiter.sync()
+    with capture_logs() as logs:
+        for n in range(1000):  # identities rotated by an attacker
+            limiter.check("commands", f"rotated-{n}")
+            assert limiter.entries <= 10
+    assert any(e["event"] == "rate_limit_entries_evicted" for e in logs)
+    limiter.check("commands", "ann")  # forgotten: this replica takes one more...
+    await limiter.sync()
+    refused(limiter, "commands", "ann")  # ...until the table's total comes back
+    assert limiter.entries <= 10
+
+    clock.now += 60.0  # a new window: the old one's entries are dropped at once
+    limiter.check("commands", "bob")
+    assert limiter.entries == 1
+
+
+async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
+    settings = Settings(rate_commands=7, rate_joins_window_s=5.0, rate_sync_s=0.5)
+    limiter = RateLimiter.from_settings(pool, settings)
+    assert limiter.limits == {
+        "commands": Limit(7, 60.0),
+        "joins": Limit(60, 5.0),
+        "tables": Limit(120, 3600.0),
+        "sockets": Limit(120, 60.0),
+    }
+    assert limiter.sync_s == 0.5
+    with pytest.raises(KeyError):
+        limiter.check("chats", "ann")
