@@ -10,13 +10,14 @@ from prometheus_client import CollectorRegistry, Counter
 from services.chat.chat import Chat
 from shared.contracts.api import MAX_SEQ, ErrorDetail
 from shared.infra import web as web_edge
-from shared.infra.auth import AuthError, Identity, bearer, verify
+from shared.infra.auth import AuthError, Identity, Verifier, bearer
 from shared.infra.service import POOL, SETTINGS
 from shared.infra.web import whole_number
 
 log = structlog.get_logger()
 
 CHAT = web.AppKey("chat", Chat)
+VERIFIER = web.AppKey("verifier", Verifier)
 HISTORY_LIMIT = 50  # messages per page unless ``limit`` says otherwise
 HISTORY_MAX = 100
 _json = msgspec.json.Encoder()
@@ -57,7 +58,7 @@ def identity_of(request: web.Request) -> Identity:
     token = bearer(request.headers.get("Authorization"))
     if token is None:
         raise AuthError("this route needs 'Authorization: Bearer <token>'")
-    return verify(request.app[SETTINGS].auth_secret, token)
+    return request.app[VERIFIER].verify(token)
 
 
 async def post_message(request: web.Request) -> web.Response:
@@ -95,6 +96,7 @@ async def get_messages(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    """The v1 routes."""
+    """The v1 routes and the token verifier."""
+    app[VERIFIER] = Verifier.from_settings(app[SETTINGS])
     app.router.add_post("/v1/tables/{id}/messages", post_message)
     app.router.add_get("/v1/tables/{id}/messages", get_messages)

@@ -30,7 +30,7 @@ from shared.contracts.api import (
 from shared.contracts.commands import command_decoder
 from shared.engine import IllegalAction
 from shared.infra import web as web_edge
-from shared.infra.auth import AuthError, Identity, bearer, mint, verify
+from shared.infra.auth import AuthError, Identity, Verifier, bearer, mint
 from shared.infra.db import Conn
 from shared.infra.service import POOL, SETTINGS
 from shared.infra.web import Refusal, Refused, whole_number
@@ -44,6 +44,7 @@ TABLES = web.AppKey("tables", Tables)
 Committed = Callable[[Change], Awaitable[None]]
 SitDown = Callable[[Tables, Conn, str, Identity], Awaitable[tuple[CommandResult, Change]]]
 COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
+VERIFIER = web.AppKey("verifier", Verifier)
 _json = msgspec.json.Encoder()
 # Refusals that mean the request itself was malformed rather than untimely.
 BAD_INPUT = {"unknown_card", "invalid_meld", "overlapping_melds"}
@@ -100,7 +101,7 @@ def identity_of(
         if required:
             raise AuthError("this route needs 'Authorization: Bearer <token>'")
         return None
-    return verify(request.app[SETTINGS].auth_secret, token)
+    return request.app[VERIFIER].verify(token)
 
 
 async def body_of(request: web.Request, kind: type[T]) -> T:
@@ -250,7 +251,8 @@ async def mint_token(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application, dev_tokens: bool) -> None:
-    """The v1 routes (the WebSocket route is added by ``ws.py``)."""
+    """The v1 routes (the WebSocket route is added by ``ws.py``) and the token verifier."""
+    app[VERIFIER] = Verifier.from_settings(app[SETTINGS])
     r = app.router
     r.add_post("/v1/tables", create_table)
     r.add_post("/v1/tables/{id}/join", join_table)

@@ -105,11 +105,6 @@ class Verifier:
         return identity
 
 
-def verify(secret: str, token: str) -> Identity:
-    """``Verifier(secret).verify(token)``: no issuer or audience, the default leeway."""
-    return Verifier(secret).verify(token)
-
-
 def bearer(header: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header; None without the header.
 
