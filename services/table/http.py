@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -29,9 +30,12 @@ from shared.contracts.api import (
 )
 from shared.contracts.commands import command_decoder
 from shared.engine import IllegalAction
+from shared.infra import service
 from shared.infra import web as web_edge
 from shared.infra.auth import AuthError, Identity, Verifier, bearer, mint
 from shared.infra.db import Conn
+from shared.infra.ops import REGISTRY
+from shared.infra.ratelimit import RateLimiter
 from shared.infra.service import POOL, SETTINGS
 from shared.infra.web import Refusal, Refused, whole_number
 
@@ -45,6 +49,7 @@ Committed = Callable[[Change], Awaitable[None]]
 SitDown = Callable[[Tables, Conn, str, Identity], Awaitable[tuple[CommandResult, Change]]]
 COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
 VERIFIER = web.AppKey("verifier", Verifier)
+LIMITS = web.AppKey("rate_limits", RateLimiter)
 _json = msgspec.json.Encoder()
 # Refusals that mean the request itself was malformed rather than untimely.
 BAD_INPUT = {"unknown_card", "invalid_meld", "overlapping_melds"}
@@ -120,6 +125,7 @@ async def create_table(request: web.Request) -> web.Response:
     identity = identity_of(request)
     assert identity is not None
     body = await body_of(request, CreateTable)
+    limit(request, "tables", identity)
     async with request.app[POOL].acquire() as conn, conn.transaction():
         created, change = await request.app[TABLES].create(conn, identity, body.options.plain())
     await request.app[COMMITTED](change)
@@ -131,7 +137,9 @@ async def create_table(request: web.Request) -> web.Response:
 async def join_table(request: web.Request) -> web.Response:
     """``POST /v1/tables/{id}/join``."""
     identity = identity_of(request)
+    assert identity is not None
     body = await body_of(request, JoinTable)
+    limit(request, "joins", identity)
     return await _take_seat(
         request,
         identity,
@@ -176,6 +184,7 @@ async def run_command(request: web.Request, command: Any, identity: Identity) ->
     app = request.app
     kind = type(command).__name__
     structlog.contextvars.bind_contextvars(command_id=command.command_id)
+    limit(request, "commands", identity)
     start = time.perf_counter()
     outcome = "refused"
     try:
@@ -250,9 +259,25 @@ async def mint_token(request: web.Request) -> web.Response:
     return json_bytes(_json.encode(Token(token=token, sub=sub, name=body.name)), status=201)
 
 
+async def _rate_limits(app: web.Application) -> AsyncIterator[None]:
+    """Per-identity limits shared with the other replicas through the database."""
+    app[LIMITS] = RateLimiter.from_settings(app[POOL], app[SETTINGS], registry=app[REGISTRY])
+    sharing = asyncio.create_task(app[LIMITS].run(), name="rate-limit-sync")
+    yield
+    await service.cancel(sharing)
+
+
+def limit(request: web.Request, action: str, identity: Identity) -> None:
+    """Count one ``action`` of this identity, or refuse it (429 with Retry-After)."""
+    if LIMITS in request.app:
+        request.app[LIMITS].check(action, identity.id)
+
+
 def add_routes(app: web.Application, dev_tokens: bool) -> None:
-    """The v1 routes (the WebSocket route is added by ``ws.py``) and the token verifier."""
+    """The v1 routes (the WebSocket route is added by ``ws.py``), the token verifier and the
+    rate limits (once the pool is open)."""
     app[VERIFIER] = Verifier.from_settings(app[SETTINGS])
+    app.cleanup_ctx.append(_rate_limits)
     r = app.router
     r.add_post("/v1/tables", create_table)
     r.add_post("/v1/tables/{id}/join", join_table)

@@ -18,6 +18,7 @@ from aiohttp.typedefs import Middleware
 from shared.contracts.api import TABLE_ID_PATTERN, ErrorBody, ErrorDetail
 from shared.infra import db
 from shared.infra.auth import AuthError
+from shared.infra.ratelimit import RateLimited
 
 log = structlog.get_logger()
 
@@ -71,6 +72,11 @@ def refusal_of(exc: Exception) -> Refusal | None:
     if isinstance(exc, Refused):
         detail = ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule)
         return exc.status, detail, exc.headers
+    if isinstance(exc, RateLimited):
+        detail = ErrorDetail(
+            code="rate_limited", message=f"too many {exc.action}: try again in a moment"
+        )
+        return 429, detail, {"Retry-After": str(exc.retry_after_s)}
     if isinstance(exc, AuthError):
         return 401, ErrorDetail(code="unauthorized", message=str(exc)), {}
     if isinstance(exc, msgspec.ValidationError):
@@ -85,6 +91,7 @@ def refusal_of(exc: Exception) -> Refusal | None:
 # connections or out of memory, operator intervention (shutdown, cancelled by the statement
 # timeout, starting up), transaction rollback (serialization, deadlock).
 TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "40"})
+QUERY_CANCELED = "57014"
 
 
 def unavailable_of(exc: BaseException) -> Refusal | None:
@@ -95,6 +102,9 @@ def unavailable_of(exc: BaseException) -> Refusal | None:
         return _unavailable("busy", "the service is busy: try again shortly", 1)
     if isinstance(exc, asyncpg.PostgresError):
         state = exc.sqlstate or ""
+        if state == QUERY_CANCELED:  # the statement timeout: waiting behind a lock, say
+            log.warning("database_statement_timeout", error=str(exc))
+            return _unavailable("busy", "the service is busy: try again shortly", 1)
         if state[:2] in TRANSIENT_SQLSTATE_CLASSES:
             log.warning("database_unavailable", sqlstate=state, error=str(exc))
             return _unavailable("database_unavailable", "the database is unavailable", 2)

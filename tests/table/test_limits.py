@@ -1,0 +1,152 @@
+"""Limits of the table service (issue 13, part 3): per-identity rate limits valid across
+replicas, and a busy or slow database answered 503 with Retry-After, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import msgspec
+from aiohttp.test_utils import TestClient
+
+from services.table.http import LIMITS
+from shared.infra.service import POOL
+from shared.infra.settings import Settings
+from tests.table.conftest import Api, all_events, assert_error, open_api
+
+
+async def answer(api: Api, method: str, path: str, token: str, body: Any) -> tuple[int, Any, Any]:
+    """Status, JSON body and headers of one request."""
+    async with api.client.request(
+        method, path, data=msgspec.json.encode(body), headers=api.auth(token)
+    ) as r:
+        return r.status, msgspec.json.decode(await r.read()), r.headers
+
+
+def app_of(api: Api) -> Any:
+    client: TestClient = api.client
+    return client.app
+
+
+def limited(settings: Settings, **limits: Any) -> Settings:
+    return msgspec.structs.replace(settings, **limits)
+
+
+async def test_commands_past_the_limit_answer_429_with_retry_after_and_change_nothing(
+    settings: Settings,
+) -> None:
+    async with open_api(limited(settings, rate_commands=4, rate_commands_window_s=60.0)) as api:
+        table_id, ana, bia = await api.table_for_two()
+        path = f"/v1/tables/{table_id}/commands"
+        caio = api.token("Caio")  # a spectator: each of his commands is refused (403) ...
+        for _ in range(4):
+            status, body, _ = await answer(api, "POST", path, caio, {"type": "resign"})
+            assert_error(status, body, 403, "not_seated", "R10.1")
+        # ... and counted: the fifth is not even looked at.
+        before = await all_events(api, table_id)
+        status, body, headers = await answer(api, "POST", path, caio, {"type": "resign"})
+        assert_error(status, body, 429, "rate_limited", None)
+        assert 1 <= int(headers["Retry-After"]) <= 60
+        assert await all_events(api, table_id) == before
+        # Another identity has its own count.
+        view = await api.view(table_id, ana)
+        seat = view["hand"]["to_act"]
+        status, body = await api.command(table_id, [ana, bia][seat], type="pass_upcard")
+        assert status == 200, body
+
+
+async def test_a_limit_holds_across_replicas(settings: Settings) -> None:
+    s = limited(settings, rate_commands=6, rate_commands_window_s=3600.0, rate_sync_s=3600.0)
+    async with open_api(s) as one, open_api(s) as two:
+        table_id, _, _ = await one.table_for_two()
+        path = f"/v1/tables/{table_id}/commands"
+        caio = one.token("Caio")
+        for _ in range(4):  # four at one replica
+            status, _, _ = await answer(one, "POST", path, caio, {"type": "resign"})
+            assert status == 403
+        # Each replica shares its counts (here by hand: the interval is an hour).
+        await app_of(one)[LIMITS].sync()
+        await app_of(two)[LIMITS].sync()
+        statuses = [
+            (await answer(two, "POST", path, caio, {"type": "resign"}))[0] for _ in range(4)
+        ]
+        assert statuses == [403, 403, 429, 429]  # the other replica allowed only the rest
+
+
+async def test_table_creation_and_joins_are_limited(settings: Settings) -> None:
+    s = limited(settings, rate_tables=2, rate_joins=1, rate_joins_window_s=60.0)
+    async with open_api(s) as api:
+        ana, bia = api.token("Ana"), api.token("Bia")
+        created = [await api.create(ana) for _ in range(2)]
+        status, body, headers = await answer(api, "POST", "/v1/tables", ana, {})
+        assert_error(status, body, 429, "rate_limited", None)
+        assert int(headers["Retry-After"]) >= 1
+        code = {"invite_code": "wrong-code-wrong-code1"}
+        first = f"/v1/tables/{created[0]['table_id']}/join"
+        status, body, _ = await answer(api, "POST", first, bia, code)
+        assert_error(status, body, 403, "bad_invite_code", None)
+        good = {"invite_code": created[1]["invite_code"]}
+        second = f"/v1/tables/{created[1]['table_id']}/join"
+        status, body, _ = await answer(api, "POST", second, bia, good)
+        assert_error(status, body, 429, "rate_limited", None)
+        assert (await api.view(created[1]["table_id"]))["status"] == "waiting"
+
+
+async def test_an_exhausted_pool_answers_503_with_retry_after_not_a_hang(
+    settings: Settings,
+) -> None:
+    s = limited(settings, db_pool_size=3, db_acquire_timeout_s=0.3)
+    async with open_api(s) as api:
+        table_id, ana, _ = await api.table_for_two()
+        pool: asyncpg.Pool = app_of(api)[POOL]
+        held = []
+        try:
+            while len(held) < 3:  # every connection but the relay's own, then the relay's
+                try:
+                    held.append(await pool.acquire(timeout=0.5))
+                except TimeoutError:
+                    break
+            async with asyncio.timeout(10):  # never a hang
+                status, body, headers = await answer(
+                    api, "GET", f"/v1/tables/{table_id}", ana, None
+                )
+            assert_error(status, body, 503, "busy", None)
+            assert headers["Retry-After"] == "1"
+        finally:
+            for conn in held:
+                await pool.release(conn)
+        status, _, _ = await answer(api, "GET", f"/v1/tables/{table_id}", ana, None)
+        assert status == 200
+
+
+async def test_a_statement_past_its_timeout_answers_503_and_changes_nothing(
+    settings: Settings,
+) -> None:
+    s = limited(settings, db_statement_timeout_s=0.3)
+    async with open_api(s) as api:
+        table_id, ana, bia = await api.table_for_two()
+        tokens = [ana, bia]
+        seat = (await api.view(table_id))["hand"]["to_act"]
+        before = await all_events(api, table_id)
+        # Someone else holds the table's row lock: the command's lock wait is cancelled.
+        conn = await asyncpg.connect(s.database_url)
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT 1 FROM gin_table.tables WHERE table_id = $1 FOR UPDATE", table_id
+                )
+                path = f"/v1/tables/{table_id}/commands"
+                status, body, headers = await answer(
+                    api, "POST", path, tokens[seat], {"type": "pass_upcard", "command_id": "p1"}
+                )
+        finally:
+            await conn.close()
+        assert_error(status, body, 503, "busy", None)
+        assert headers["Retry-After"] == "1"
+        assert await all_events(api, table_id) == before
+        # The retry, with the same command_id, is applied once.
+        status, body = await api.command(
+            table_id, tokens[seat], type="pass_upcard", command_id="p1"
+        )
+        assert status == 200, body
