@@ -31,6 +31,7 @@ from services.chat import store
 from shared.contracts.envelope import Envelope, envelope_decoder
 from shared.contracts.events import SeatTaken, TableClosed, TableExpired
 from shared.contracts.names import DEAD_LETTER, EVENTS_EXCHANGE, table_event_key
+from shared.infra import db
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
@@ -128,12 +129,12 @@ class TableEventConsumer:
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 outcome = await apply_event(conn, envelope)
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-            log.warning("table_event_retry", error=repr(exc))
-            await asyncio.sleep(RETRY_PAUSE_S)
-            await message.nack(requeue=True)
-            return
-        except Exception:
+        except Exception as exc:
+            if db.transient(exc):  # the database is busy or away: retry, never dead-letter
+                log.warning("table_event_retry", error=repr(exc))
+                await asyncio.sleep(RETRY_PAUSE_S)
+                await message.nack(requeue=True)
+                return
             log.exception("table_event_failed", type=envelope.type, seq=envelope.seq)
             await message.reject(requeue=False)
             return

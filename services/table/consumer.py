@@ -21,6 +21,7 @@ from services.table.tables import Actor, Tables
 from shared.contracts.api import QueuedCommand
 from shared.contracts.names import COMMANDS_QUEUE
 from shared.engine import IllegalAction
+from shared.infra import db
 from shared.infra.web import Refused
 
 log = structlog.get_logger()
@@ -71,12 +72,12 @@ class CommandConsumer:
             log.info(outcome, source=queued.source, type=type(queued.command).__name__)
         except (Refused, IllegalAction) as exc:
             log.info("queued_command_refused", source=queued.source, code=getattr(exc, "code", ""))
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-            log.warning("queued_command_retry", error=repr(exc))
-            await asyncio.sleep(RETRY_PAUSE_S)
-            await message.nack(requeue=True)
-            return
-        except Exception:
+        except Exception as exc:
+            if db.transient(exc):  # the database is busy or away: never dead-letter a move
+                log.warning("queued_command_retry", error=repr(exc))
+                await asyncio.sleep(RETRY_PAUSE_S)
+                await message.nack(requeue=True)
+                return
             log.exception("queued_command_failed")
             await message.reject(requeue=False)
             return

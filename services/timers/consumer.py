@@ -26,6 +26,7 @@ from services.timers.deadlines import Durations, Kind, after_event
 from services.timers.metrics import TimerMetrics
 from shared.contracts.envelope import Envelope, envelope_decoder
 from shared.contracts.names import DEAD_LETTER, EVENTS_EXCHANGE
+from shared.infra import db
 
 log = structlog.get_logger()
 TIMERS_QUEUE = "gin.timers"
@@ -33,7 +34,6 @@ TABLE_EVENTS = "table.*.*"
 PREFETCH = 64
 RETRY_PAUSE_S = 1.0
 CATCH_UP_POLL_S = 0.05
-TRANSIENT = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
 
 
 class EventConsumer:
@@ -138,7 +138,9 @@ class EventConsumer:
         while True:
             try:
                 return await self.apply(envelope)
-            except TRANSIENT as exc:
+            except Exception as exc:
+                if not db.transient(exc):
+                    raise
                 log.warning("table_event_retry", error=repr(exc), retry_in_s=RETRY_PAUSE_S)
                 await asyncio.sleep(RETRY_PAUSE_S)
 

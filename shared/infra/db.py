@@ -14,6 +14,20 @@ from asyncpg.pool import PoolConnectionProxy
 log = structlog.get_logger()
 
 
+# SQLSTATE classes that say "not now" rather than "not this": connection exceptions, too many
+# connections or out of memory, operator intervention (a shutdown, the statement timeout, a
+# server starting up), transaction rollback (serialization, deadlock).
+TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "40"})
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether the same work may succeed if tried again later: the database was busy, away or
+    restarting (an OSError covers lost sockets and timeouts, PoolExhausted included)."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return (exc.sqlstate or "")[:2] in TRANSIENT_SQLSTATE_CLASSES
+    return isinstance(exc, OSError | asyncpg.InterfaceError)
+
+
 class PoolExhausted(TimeoutError):
     """Every connection stayed busy for the whole acquire timeout."""
 

@@ -87,10 +87,6 @@ def refusal_of(exc: Exception) -> Refusal | None:
     return unavailable_of(exc)
 
 
-# SQLSTATE classes that say "not now" rather than "not this": connection exceptions, too many
-# connections or out of memory, operator intervention (shutdown, cancelled by the statement
-# timeout, starting up), transaction rollback (serialization, deadlock).
-TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "40"})
 QUERY_CANCELED = "57014"
 
 
@@ -100,21 +96,16 @@ def unavailable_of(exc: BaseException) -> Refusal | None:
     if isinstance(exc, db.PoolExhausted):
         log.warning("database_pool_exhausted")
         return _unavailable("busy", "the service is busy: try again shortly", 1)
-    if isinstance(exc, asyncpg.PostgresError):
-        state = exc.sqlstate or ""
-        if state == QUERY_CANCELED:  # the statement timeout: waiting behind a lock, say
-            log.warning("database_statement_timeout", error=str(exc))
-            return _unavailable("busy", "the service is busy: try again shortly", 1)
-        if state[:2] in TRANSIENT_SQLSTATE_CLASSES:
-            log.warning("database_unavailable", sqlstate=state, error=str(exc))
-            return _unavailable("database_unavailable", "the database is unavailable", 2)
-        if state[:2] == "22":  # a data exception: a value the checks should have refused
-            log.warning("database_refused_a_value", sqlstate=state, error=str(exc))
-            return 400, ErrorDetail(code="invalid_request", message="a value is not valid"), {}
-        return None
-    if isinstance(exc, OSError | asyncpg.InterfaceError | asyncpg.PostgresConnectionError):
-        log.warning("database_unreachable", error=repr(exc))
+    state = exc.sqlstate or "" if isinstance(exc, asyncpg.PostgresError) else ""
+    if state == QUERY_CANCELED:  # the statement timeout: waiting behind a lock, say
+        log.warning("database_statement_timeout", error=str(exc))
+        return _unavailable("busy", "the service is busy: try again shortly", 1)
+    if db.transient(exc):
+        log.warning("database_unavailable", sqlstate=state or None, error=repr(exc))
         return _unavailable("database_unavailable", "the database is unavailable", 2)
+    if state[:2] == "22":  # a data exception: a value the checks should have refused
+        log.warning("database_refused_a_value", sqlstate=state, error=str(exc))
+        return 400, ErrorDetail(code="invalid_request", message="a value is not valid"), {}
     return None
 
 
