@@ -43,7 +43,13 @@ def database(schema: str, migrations: Path) -> CleanupCtx:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         await migrate(settings, schema, migrations)
-        app[POOL] = await db.create_pool(settings.database_url, schema, settings.db_pool_size)
+        app[POOL] = await db.create_pool(
+            settings.database_url,
+            schema,
+            settings.db_pool_size,
+            acquire_timeout_s=settings.db_acquire_timeout_s,
+            statement_timeout_s=settings.db_statement_timeout_s,
+        )
         yield
         await app[POOL].close()
 
