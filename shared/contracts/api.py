@@ -56,7 +56,7 @@ class Preferences(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
 class MintToken(Body, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/dev/tokens`` (development only)."""
 
-    name: Annotated[str, msgspec.Meta(pattern=r"^[^\x00-\x1f\x7f]{1,60}$")]
+    name: Annotated[str, msgspec.Meta(pattern=r"^[^\x00-\x1f\x7f]{1,60}(?!\n)$")]
     sub: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:@~-]{1,100}(?!\n)$")] | None = None
 
 
