@@ -1,18 +1,26 @@
 """The table WebSocket: a snapshot on connect, then every event with the viewer's new view.
 
 Each replica has one exclusive queue, so it works with any number of replicas. A replica
-delivers its own commits to its clients at once. Every table event reaches every replica's
-queue from ``gin.sockets``, one message per relay batch; a replica sends on those of the
-tables its clients watch that it has not sent yet (another replica committed them). Chat and
-timer events come from ``gin.events``, bound for the tables its clients watch. Events come at
-least once and in order per table; a client is sent each seq once, and a gap (a lost
-message, a reconnect) is filled from the table's event log before the next event goes out.
+delivers its own commits to its clients without the broker hop: the command hands the change
+to the hub's inbox and answers at once; the hub's task delivers it after the response. Every
+table event reaches every replica's queue from ``gin.sockets``, one message per relay batch;
+a replica sends on those of the tables its clients watch that it has not sent yet (another
+replica committed them). Chat and timer events come from ``gin.events``, bound for the tables
+its clients watch. Events come at least once and in order per table; a client is sent each
+seq once, and a gap (a lost message, a reconnect) is filled from the table's event log before
+the next event goes out.
+
+Nothing here waits on a client. Each socket has a bounded queue of encoded frames and its own
+writer task; queueing a frame never blocks, and a client whose queue is full is closed with
+``CLOSE_TOO_SLOW`` (it reconnects and resumes by seq). Every close is bounded in time: a peer
+that does not read has its transport aborted, which frees what was buffered for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -25,26 +33,45 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from aiormq.abc import DeliveredMessage
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.table import store
 from services.table.http import TABLES, identity_of, refusal_of, run_command
 from services.table.store import Change, TableRow
 from services.table.tables import Tables
-from shared.contracts.api import WsCommand, WsError, WsEvent, WsSnapshot
+from shared.contracts.api import ErrorDetail, WsCommand, WsError, WsEvent, WsSnapshot
 from shared.contracts.envelope import Envelope, envelope_decoder
 from shared.contracts.names import EVENTS_EXCHANGE, SOCKETS_EXCHANGE
 from shared.contracts.views import TableView
 from shared.infra.auth import AuthError, Identity
-from shared.infra.service import POOL
+from shared.infra.service import POOL, SETTINGS
 from shared.infra.web import Refused
 
 log = structlog.get_logger()
 _json = msgspec.json.Encoder()
 _ws_command = msgspec.json.Decoder(WsCommand)
 GAP_FILL_LIMIT = 1000
+
+# The close codes of the table socket (documented in docs/openapi.yaml and asyncapi.yaml).
+CLOSE_GOING_AWAY = int(WSCloseCode.GOING_AWAY)  # 1001: this replica stops; reconnect elsewhere
+CLOSE_MESSAGE_TOO_BIG = int(WSCloseCode.MESSAGE_TOO_BIG)  # 1009: aiohttp's, past max_msg_size
+CLOSE_TOKEN_EXPIRED = 4001  # the token's exp (plus the leeway) passed: reconnect with a new one
+CLOSE_TOO_SLOW = 4008  # the client fell past its send queue: reconnect and resume by seq
+GOING_AWAY_REASON = "server shutting down"
+TOKEN_EXPIRED_REASON = "token expired: reconnect with a fresh token"
+# A close reason has at most 123 bytes (RFC 6455 5.5), so it names the route, not the table.
+TOO_SLOW_REASON = "too slow: reconnect, then GET /v1/tables/{id}/events?after=<last seq>"
+# A peer that has stopped reading never answers the close handshake, nor takes the close
+# frame: past this the transport is aborted.
+CLOSE_TIMEOUT_S = 2.0
+# The writer waits for the transport (which pauses past 64 KiB) after each this many bytes;
+# aiohttp's default, 256 KiB, would buffer a whole match in the transport, past the queue's
+# bound. With this a socket holds at most about 64 + 16 KiB and a frame in its transport.
+WRITER_LIMIT_BYTES = 16 * 1024
+
+ViewKey = tuple[int | None, str | None]  # (seat, deck design): who sees the same view
 
 
 class _Head(msgspec.Struct):
@@ -60,38 +87,91 @@ _head_decoder = msgspec.json.Decoder(_Head)
 
 @dataclass(eq=False)
 class Client:
-    """One open WebSocket at one table."""
+    """One open WebSocket at one table, with its queue of frames not yet written."""
 
     ws: web.WebSocketResponse
     identity: Identity | None
+    table_id: str
+    frames: asyncio.Queue[bytes]
+    transport: asyncio.Transport | None = None
     deck_design: str | None = None
-    ready: bool = False  # the snapshot went out: events may follow
-    last_seq: int = 0
+    ready: bool = False  # the snapshot is queued: events may follow
+    last_seq: int = 0  # the newest table event queued for it
     last_chat_seq: int = 0
     notices: set[uuid.UUID] = field(default_factory=set)  # timer events sent (by envelope id)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queued_bytes: int = 0
+    gone: bool = False  # dropped or released: nothing more is queued for it
+    writing: bool = False  # its writer is in the middle of a frame
+    writer: asyncio.Task[None] | None = None
+    closing: asyncio.Task[None] | None = None
+    expiry: asyncio.TimerHandle | None = None
+
+
+class SocketMetrics:
+    """Open sockets, how full their send queues run, and those closed as too slow."""
+
+    def __init__(self, registry: CollectorRegistry, bound: int) -> None:
+        self.open_sockets = Gauge(
+            "gin_websockets", "Open table WebSockets on this replica", registry=registry
+        )
+        self.queue_depth = Histogram(
+            "gin_websocket_send_queue_depth",
+            "Frames in a socket's send queue, seen as each frame is queued",
+            registry=registry,
+            buckets=depth_buckets(bound),
+        )
+        self.queued_bytes = Gauge(
+            "gin_websocket_queued_bytes",
+            "Bytes of frames queued for this replica's sockets, not yet written",
+            registry=registry,
+        )
+        self.too_slow = Counter(
+            "gin_websockets_too_slow",
+            f"Sockets closed with {CLOSE_TOO_SLOW}: their send queue was full",
+            registry=registry,
+        )
+
+
+def depth_buckets(bound: int) -> tuple[float, ...]:
+    """Powers of two up to the queue's bound, and the bound itself: nothing lands past it.
+
+    >>> depth_buckets(10)
+    (1.0, 2.0, 4.0, 8.0, 10.0)
+    """
+    edges = {float(1 << n) for n in range(bound.bit_length()) if 1 << n < bound}
+    return tuple(sorted(edges | {float(max(bound, 1))}))
 
 
 class Hub:
-    """This replica's WebSocket clients, by table, fed from its own queue."""
+    """This replica's WebSocket clients, by table, fed from its own queue and its commits."""
 
     def __init__(
-        self, pool: asyncpg.Pool, tables: Tables, prefix: str, registry: CollectorRegistry
+        self,
+        pool: asyncpg.Pool,
+        tables: Tables,
+        prefix: str,
+        registry: CollectorRegistry,
+        send_queue: int = 256,
     ) -> None:
         self.pool = pool
         self.tables = tables
         self.prefix = prefix
+        self.send_queue = send_queue
         self.clients: dict[str, set[Client]] = {}
         self.channel: AbstractChannel | None = None
         self.queue: AbstractQueue | None = None
         self.exchange: AbstractExchange | None = None
         self.batches = prefix + SOCKETS_EXCHANGE
-        self.open_sockets = Gauge(
-            "gin_websockets", "Open table WebSockets on this replica", registry=registry
-        )
+        self.metrics = SocketMetrics(registry, send_queue)
+        # This replica's commits, in commit order: delivered by one task, off the request.
+        # Unbounded: it fills no faster than the database commits, and its task never waits
+        # on a socket (only on the rare gap fill's read).
+        self.inbox: asyncio.Queue[Change] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+        self.closing: set[asyncio.Task[None]] = set()
 
     async def start(self, connection: AbstractRobustConnection) -> None:
-        """Open this replica's queue and start consuming."""
+        """Open this replica's queue and consume; start delivering this replica's commits."""
         self.channel = await connection.channel()
         await self.channel.set_qos(prefetch_count=256)
         self.exchange = await self.channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
@@ -99,6 +179,15 @@ class Hub:
         await self.queue.bind(self.batches)
         await self._consume()
         connection.reconnect_callbacks.add(self._on_reconnect)
+        self.task = asyncio.get_running_loop().create_task(self._deliver_commits(), name="ws-hub")
+
+    async def stop(self) -> None:
+        """Stop the delivery task and wait for the closes under way (each is bounded)."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        await asyncio.gather(*self.closing, return_exceptions=True)
 
     async def _consume(self) -> None:
         """Consume on the channel's aiormq channel, without acks: this queue dies with the
@@ -111,38 +200,166 @@ class Hub:
         channel = await self.channel.get_underlay_channel()
         await channel.basic_consume(self.queue.name, self._on_delivery, no_ack=True)
 
+    # --- clients ------------------------------------------------------------------------------
+
+    async def open(
+        self,
+        table_id: str,
+        ws: web.WebSocketResponse,
+        identity: Identity | None,
+        transport: asyncio.Transport | None = None,
+    ) -> Client:
+        """A client for a prepared socket, with its queue and writer, watching its table."""
+        client = Client(
+            ws=ws,
+            identity=identity,
+            table_id=table_id,
+            frames=asyncio.Queue(maxsize=self.send_queue),
+            transport=transport,
+        )
+        client.writer = asyncio.get_running_loop().create_task(self._write(client))
+        await self.attach(table_id, client)
+        return client
+
     async def attach(self, table_id: str, client: Client) -> None:
         """Watch a table: bind before the snapshot, so nothing after it is missed."""
         watchers = self.clients.setdefault(table_id, set())
         first = not watchers
         watchers.add(client)
-        self.open_sockets.inc()
+        self.metrics.open_sockets.inc()
         if first and self.queue is not None and self.exchange is not None:
             for key in watched_keys(table_id):
                 await self.queue.bind(self.exchange, key)
 
-    async def detach(self, table_id: str, client: Client) -> None:
-        """Stop watching; the last watcher of a table unbinds it."""
-        watchers = self.clients.get(table_id, set())
+    def _remove(self, client: Client) -> bool:
+        """Take a client off its table (once); True if that was the table's last watcher."""
+        watchers = self.clients.get(client.table_id)
+        if watchers is None or client not in watchers:
+            return False
         watchers.discard(client)
-        self.open_sockets.dec()
-        if not watchers:
-            self.clients.pop(table_id, None)
-            if self.queue is not None and self.exchange is not None:
-                with contextlib.suppress(Exception):  # the broker may be away; no harm
-                    for key in watched_keys(table_id):
-                        await self.queue.unbind(self.exchange, key)
+        self.metrics.open_sockets.dec()
+        if watchers:
+            return False
+        del self.clients[client.table_id]
+        return True
+
+    async def _unbind(self, table_id: str) -> None:
+        """Stop hearing a table nobody here watches now (unless someone came back)."""
+        if self.queue is None or self.exchange is None:
+            return
+        with contextlib.suppress(Exception):  # the broker may be away; no harm
+            for key in watched_keys(table_id):
+                if table_id in self.clients:
+                    return
+                await self.queue.unbind(self.exchange, key)
+
+    def _forget(self, client: Client) -> bool:
+        """Queue nothing more for a client and free what it holds; True if it was the last
+        watcher of its table."""
+        client.gone = True
+        if client.expiry is not None:
+            client.expiry.cancel()
+        # A writer waiting for a frame is cancelled. One in the middle of a frame is left to
+        # finish it (it sees ``gone`` and stops): it waits on aiohttp's one drain future of
+        # the connection, which the close waits on too, and a cancel would cancel the close.
+        if client.writer is not None and not client.writing:
+            client.writer.cancel()
+        self._discard_frames(client)
+        return self._remove(client)
+
+    def _discard_frames(self, client: Client) -> None:
+        while not client.frames.empty():
+            client.frames.get_nowait()
+        self.metrics.queued_bytes.dec(client.queued_bytes)
+        client.queued_bytes = 0
+
+    async def release(self, client: Client) -> None:
+        """The socket's handler is done: the client is forgotten, its transport freed."""
+        if self._forget(client):
+            await self._unbind(client.table_id)
+        if client.closing is None and client.ws.closed:
+            _abort_if_stuck(client.transport)
+
+    def drop(self, client: Client, code: int, reason: str) -> None:
+        """Close a client with ``code`` in the background (bounded); it is forgotten now."""
+        if client.closing is not None:
+            return
+        last = self._forget(client)
+        task = asyncio.get_running_loop().create_task(self._close(client, code, reason, last))
+        client.closing = task
+        self.closing.add(task)
+        task.add_done_callback(self.closing.discard)
+
+    async def _close(self, client: Client, code: int, reason: str, last: bool) -> None:
+        await close_socket(client, code, reason)
+        if last:
+            await self._unbind(client.table_id)
+
+    def expire_at(self, client: Client, when: float | None) -> None:
+        """Close the client with ``CLOSE_TOKEN_EXPIRED`` at ``when`` (unix seconds)."""
+        if when is None:
+            return
+        delay = max(0.0, when - time.time())  # the wall clock, as the token's ``exp`` is
+        client.expiry = asyncio.get_running_loop().call_later(
+            delay, self.drop, client, CLOSE_TOKEN_EXPIRED, TOKEN_EXPIRED_REASON
+        )
 
     async def close_all(self) -> None:
         """Close every socket with 1001 (going away): clients reconnect to another replica."""
-        sockets = [client.ws for watchers in self.clients.values() for client in watchers]
-        await asyncio.gather(
-            *(
-                ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
-                for ws in sockets
-            ),
-            return_exceptions=True,
-        )
+        for watchers in list(self.clients.values()):
+            for client in list(watchers):
+                self.drop(client, CLOSE_GOING_AWAY, GOING_AWAY_REASON)
+        await asyncio.gather(*self.closing, return_exceptions=True)
+
+    def send(self, client: Client, frame: bytes) -> None:
+        """Queue one text frame of JSON (UTF-8) for a client, in order; never waits. A
+        client whose queue is full is closed as too slow."""
+        if client.gone:
+            return
+        try:
+            client.frames.put_nowait(frame)
+        except asyncio.QueueFull:
+            self.metrics.too_slow.inc()
+            log.info("ws_client_too_slow", table_id=client.table_id, last_seq=client.last_seq)
+            self.drop(client, CLOSE_TOO_SLOW, TOO_SLOW_REASON)
+            return
+        client.queued_bytes += len(frame)
+        self.metrics.queued_bytes.inc(len(frame))
+        self.metrics.queue_depth.observe(client.frames.qsize())
+
+    async def _write(self, client: Client) -> None:
+        """The client's writer: its frames in order, at the pace its peer reads them."""
+        while not client.gone:
+            frame = await client.frames.get()
+            client.queued_bytes -= len(frame)
+            self.metrics.queued_bytes.dec(len(frame))
+            client.writing = True
+            try:
+                await client.ws.send_frame(frame, WSMsgType.TEXT)
+            except Exception as exc:  # the peer went (or worse): its handler releases it
+                if not isinstance(exc, ConnectionError | RuntimeError):
+                    log.exception("ws_write_failed", table_id=client.table_id)
+                client.gone = True
+                self._discard_frames(client)
+            finally:
+                client.writing = False
+
+    # --- deliveries -----------------------------------------------------------------------
+
+    def committed(self, change: Change) -> None:
+        """A change this replica just committed: delivered after the command's answer."""
+        if change.envelopes and change.row.table_id in self.clients:
+            self.inbox.put_nowait(change)
+
+    async def _deliver_commits(self) -> None:
+        """One task for the inbox, so each table's commits go out in commit order; a failed
+        delivery is logged (its clients get the gap filled with the next event)."""
+        while True:
+            change = await self.inbox.get()
+            try:
+                await self.deliver_local(change)
+            except Exception:
+                log.exception("ws_delivery_failed", table_id=change.row.table_id)
 
     async def _on_delivery(self, message: DeliveredMessage) -> None:
         try:
@@ -181,23 +398,24 @@ class Hub:
 
     async def deliver(self, envelope: Envelope) -> None:
         """An event from ``gin.events`` (chat, timers): send it to every client at its table
-        not sent it yet."""
-        watchers = {c for c in self.clients.get(envelope.table_id, ()) if c.ready}
+        not sent it yet (one frame, shared)."""
+        watchers = [c for c in self.clients.get(envelope.table_id, ()) if c.ready]
         if not watchers:
             return
+        frame = _json.encode(WsEvent(event=envelope))
         if envelope.type == "message_posted":
-            for client in list(watchers):
+            for client in watchers:
                 if envelope.seq > client.last_chat_seq:
                     client.last_chat_seq = envelope.seq
-                    await _send(client, WsEvent(event=envelope))
+                    self.send(client, frame)
         elif envelope.type == "absence_claimable":  # from the timers: its own numbering
-            for client in list(watchers):
+            for client in watchers:
                 if envelope.id not in client.notices:
                     client.notices.add(envelope.id)
-                    await _send(client, WsEvent(event=envelope))
+                    self.send(client, frame)
 
     async def deliver_local(self, change: Change) -> None:
-        """A change this replica just committed: its clients get it without the broker hop."""
+        """A change this replica committed: its clients get it without the broker hop."""
         row = change.row
         if row.table_id in self.clients and change.envelopes:
             await self.catch_up(row.table_id, change.envelopes, row, dict(change.views))
@@ -207,10 +425,14 @@ class Hub:
         table_id: str,
         burst: list[Envelope],
         row: TableRow | None = None,
-        views: dict[tuple[int | None, str | None], TableView] | None = None,
+        views: dict[ViewKey, TableView] | None = None,
     ) -> None:
         """Send each client its unsent events up to the newest of ``burst`` (or all), each
-        with the viewer's view; the table's log fills any gap, in seq order."""
+        with the viewer's view; the table's log fills any gap, in seq order.
+
+        Only the reads await; the sending is one synchronous pass, so two catch-ups of one
+        table (the hub's and a new socket's) interleave only between whole passes, and
+        ``last_seq`` keeps each client's seqs once and in order."""
         watchers = [c for c in self.clients.get(table_id, ()) if c.ready]
         if not watchers:
             return
@@ -231,20 +453,70 @@ class Hub:
         upto = row.seq if upto is None else upto
         events = {e.seq: e for e in missed if e.seq <= upto}
         events.update((e.seq, e) for e in burst)
-        views = {} if views is None else views
-        for client in list(watchers):
+        self._send_events(table_id, row, events, {} if views is None else views)
+
+    def _send_events(
+        self,
+        table_id: str,
+        row: TableRow,
+        events: dict[int, Envelope],
+        views: dict[ViewKey, TableView],
+    ) -> None:
+        """Queue each ready client the events past its ``last_seq``. Each event and each
+        view is encoded once, and each (event, view) frame once, shared by every client
+        that sees that view (the spectators share one)."""
+        encoded_events: dict[int, bytes] = {}
+        encoded_views: dict[ViewKey, bytes] = {}
+        frames: dict[tuple[int, ViewKey], bytes] = {}
+        order = sorted(events)
+        for client in [c for c in self.clients.get(table_id, ()) if c.ready]:
             seat = row.seat_of(client.identity.id if client.identity else None)
             key = (seat, client.deck_design)
-            if key not in views:
-                views[key] = self.tables.table_view(row, seat, client.deck_design)
-            for seq in sorted(events):
-                if seq > client.last_seq:
-                    client.last_seq = seq
-                    await _send(client, WsEvent(event=events[seq], view=views[key]))
+            for seq in order:
+                if seq <= client.last_seq:
+                    continue
+                frame = frames.get((seq, key))
+                if frame is None:
+                    if key not in encoded_views:
+                        view = views.get(key)
+                        if view is None:
+                            view = self.tables.table_view(row, seat, client.deck_design)
+                        encoded_views[key] = _json.encode(view)
+                    if seq not in encoded_events:
+                        encoded_events[seq] = _json.encode(events[seq])
+                    frame = event_frame(encoded_events[seq], encoded_views[key])
+                    frames[(seq, key)] = frame
+                client.last_seq = seq
+                self.send(client, frame)
 
 
-async def _send(client: Client, message: msgspec.Struct) -> None:
-    await _send_raw(client, _json.encode(message))
+def event_frame(event: bytes, view: bytes) -> bytes:
+    """A ``WsEvent`` from its event and view already encoded (as msgspec would write it)."""
+    return b'{"kind":"event","event":' + event + b',"view":' + view + b"}"
+
+
+async def close_socket(client: Client, code: int, reason: str) -> None:
+    """Close a client's socket with ``code``, within ``CLOSE_TIMEOUT_S``: a peer that does
+    not read takes neither the close frame nor the handshake, so its transport is aborted,
+    which frees what was buffered for it."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await client.ws.close(code=code, message=reason.encode())
+    except TimeoutError:
+        log.info("ws_close_timed_out", table_id=client.table_id, code=code)
+        if client.transport is not None:
+            client.transport.abort()
+        return
+    except Exception as exc:  # the transport is gone already: nothing left to free
+        log.info("ws_close_failed", table_id=client.table_id, code=code, error=repr(exc))
+    _abort_if_stuck(client.transport)
+
+
+def _abort_if_stuck(transport: asyncio.Transport | None) -> None:
+    """A closed socket's transport that still holds unsent bytes waits on a peer that does
+    not read: abort it rather than keep the bytes."""
+    if transport is not None and transport.get_write_buffer_size() > 0:
+        transport.abort()
 
 
 HUB = web.AppKey("hub", Hub)
@@ -256,28 +528,37 @@ def watched_keys(table_id: str) -> tuple[str, ...]:
     return (f"chat.{table_id}.*", f"timer.{table_id}.*")
 
 
+def closes_at(identity: Identity | None, leeway_s: float) -> float | None:
+    """When a socket of this identity must close: its token's ``exp`` plus the leeway the
+    verifier allows (unix seconds); None without a token."""
+    if identity is None or identity.expires_at is None:
+        return None
+    return identity.expires_at + leeway_s
+
+
 async def table_socket(request: web.Request) -> web.StreamResponse:
     """``GET /v1/tables/{id}/ws``: watch a table; a seated client may also send commands."""
     table_id = request.match_info["id"]
-    identity = identity_of(request, required=False)
+    identity = identity_of(request, required=False, query_token=True)
     async with request.app[POOL].acquire() as conn:
         if await store.read_table(conn, table_id) is None:
             raise Refused(404, "no_such_table", "there is no such table")
-    ws = web.WebSocketResponse(heartbeat=30.0)
+    settings = request.app[SETTINGS]
+    # Past max_msg_size aiohttp closes the socket with 1009 (CLOSE_MESSAGE_TOO_BIG).
+    ws = web.WebSocketResponse(
+        heartbeat=30.0, max_msg_size=settings.ws_max_frame_bytes, writer_limit=WRITER_LIMIT_BYTES
+    )
     await ws.prepare(request)
     hub = request.app[HUB]
-    client = Client(ws=ws, identity=identity)
-    await hub.attach(table_id, client)
+    client = await hub.open(table_id, ws, identity, request.transport)
+    hub.expire_at(client, closes_at(identity, settings.auth_leeway_s))
     try:
         await _snapshot(request, client, table_id)
         await hub.catch_up(table_id, [])  # anything committed after the snapshot was read
         async for msg in ws:
-            if msg.type == WSMsgType.TEXT:
-                await _on_text(request, client, msg.data)
-            elif msg.type == WSMsgType.BINARY:
-                await _on_text(request, client, msg.data.decode(errors="replace"))
+            await _on_message(request, client, msg)
     finally:
-        await hub.detach(table_id, client)
+        await hub.release(client)
     return ws
 
 
@@ -288,12 +569,21 @@ async def _snapshot(request: web.Request, client: Client, table_id: str) -> None
         design = await store.deck_design(conn, identity.id) if identity else None
     assert row is not None
     seat = row.seat_of(identity.id if identity else None)
-    async with client.lock:
-        client.deck_design = design
-        client.last_seq = max(client.last_seq, row.seq)
-        view = request.app[TABLES].table_view(row, seat, design)
-        await client.ws.send_frame(_json.encode(WsSnapshot(view=view)), WSMsgType.TEXT)
-        client.ready = True
+    # No await from here on: no event is queued between the snapshot and ``ready``.
+    client.deck_design = design
+    client.last_seq = max(client.last_seq, row.seq)
+    view = request.app[TABLES].table_view(row, seat, design)
+    request.app[HUB].send(client, _json.encode(WsSnapshot(view=view)))
+    client.ready = True
+
+
+async def _on_message(request: web.Request, client: Client, msg: WSMessage) -> None:
+    """A text frame is a command; any other data frame is answered with an error."""
+    if msg.type == WSMsgType.TEXT:
+        await _on_text(request, client, msg.data)
+    elif msg.type == WSMsgType.BINARY:
+        message = "send each message as a text frame of JSON, not a binary frame"
+        _send_error(request, client, ErrorDetail(code="invalid_request", message=message))
 
 
 async def _on_text(request: web.Request, client: Client, text: str) -> None:
@@ -302,22 +592,17 @@ async def _on_text(request: web.Request, client: Client, text: str) -> None:
         if client.identity is None:
             raise AuthError("connect with ?token=... to send commands")
         raw = await run_command(request, message.command, client.identity)
-        await _send_raw(client, b'{"kind":"result","result":' + raw + b"}")
+        request.app[HUB].send(client, b'{"kind":"result","result":' + raw + b"}")
     except Exception as exc:
         refusal = refusal_of(exc)
         if refusal is None:
             log.exception("ws_command_failed")
         else:
-            await _send(client, WsError(error=refusal[1]))
+            _send_error(request, client, refusal[1])
 
 
-async def _send_raw(client: Client, body: bytes) -> None:
-    """One text frame of JSON already encoded (UTF-8), in order with the client's others."""
-    if client.ws.closed:
-        return
-    async with client.lock:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await client.ws.send_frame(body, WSMsgType.TEXT)
+def _send_error(request: web.Request, client: Client, detail: ErrorDetail) -> None:
+    request.app[HUB].send(client, _json.encode(WsError(error=detail)))
 
 
 def add_socket_route(app: web.Application) -> None:
