@@ -48,7 +48,7 @@ def create_app(
     shuffle: Shuffle = secure_shuffle,
 ) -> web.Application:
     """The whole table service, ready for ``web.run_app`` or a test client."""
-    app = web.Application(middlewares=[refusals])
+    app = web.Application(middlewares=[refusals], client_max_size=settings.max_body_bytes)
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[REGISTRY] = registry

@@ -38,7 +38,7 @@ from aiormq.abc import DeliveredMessage
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.table import store
-from services.table.http import TABLES, identity_of, refusal_of, run_command
+from services.table.http import TABLES, identity_of, limit, refusal_of, run_command
 from services.table.store import Change, TableRow
 from services.table.tables import Tables
 from shared.contracts.api import ErrorDetail, WsCommand, WsError, WsEvent, WsSnapshot
@@ -540,6 +540,8 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     """``GET /v1/tables/{id}/ws``: watch a table; a seated client may also send commands."""
     table_id = request.match_info["id"]
     identity = identity_of(request, required=False, query_token=True)
+    if identity is not None:  # watchers without a token are many and nameless: not counted
+        limit(request, "sockets", identity)
     async with request.app[POOL].acquire() as conn:
         if await store.read_table(conn, table_id) is None:
             raise Refused(404, "no_such_table", "there is no such table")

@@ -150,3 +150,20 @@ async def test_a_statement_past_its_timeout_answers_503_and_changes_nothing(
             table_id, tokens[seat], type="pass_upcard", command_id="p1"
         )
         assert status == 200, body
+
+
+async def test_websocket_connections_are_limited_per_identity(settings: Settings) -> None:
+    async with open_api(limited(settings, rate_sockets=2)) as api:
+        table_id, ana, _ = await api.table_for_two()
+        path = f"/v1/tables/{table_id}/ws?token={ana}"
+        sockets = [await api.client.ws_connect(path) for _ in range(2)]
+        try:
+            async with api.client.get(path) as r:  # the third: refused before the upgrade
+                assert r.status == 429
+                assert int(r.headers["Retry-After"]) >= 1
+                assert_error(r.status, await r.json(), 429, "rate_limited", None)
+            async with api.client.ws_connect(f"/v1/tables/{table_id}/ws") as anonymous:
+                assert (await anonymous.receive_json())["kind"] == "snapshot"
+        finally:
+            for ws in sockets:
+                await ws.close()
