@@ -124,6 +124,7 @@ class OutboxRelay:
         self.origin = uuid.uuid4().hex  # this relay's NOTIFY payload: it ignores its own
         self._notify_due = False
         self._notifier: asyncio.Task[None] | None = None
+        self._closed = False
         self.retention_s = retention_s
         self.clock = clock
         # (when, highest id published by then), a mark per ``_mark_s`` at most, oldest first
@@ -162,6 +163,8 @@ class OutboxRelay:
         """This process committed outbox rows: wake this relay now, and the other replicas'
         relays (one of them may hold the lock) with one NOTIFY for all commits meanwhile."""
         self.wake.set()
+        if self._closed:  # shutting down: nothing would wait for the NOTIFY's task
+            return
         self._notify_due = True
         if self._notifier is None or self._notifier.done():
             self._notifier = asyncio.get_running_loop().create_task(self._notify_others())
@@ -177,7 +180,8 @@ class OutboxRelay:
                 return
 
     async def close(self) -> None:
-        """Wait for a NOTIFY still being sent."""
+        """Wait for a NOTIFY still being sent; send no more (the pool closes next)."""
+        self._closed = True
         if self._notifier is not None:
             with contextlib.suppress(Exception):
                 await self._notifier
@@ -192,8 +196,12 @@ class OutboxRelay:
                 continue
             if self.clock() >= self._prune_at:
                 await self.prune(conn)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns a wake-up that
+            # came in the same turn as a cancellation and drops the cancellation, and the
+            # relay, cancelled at shutdown, polled on while the app waited for it to end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.poll_s)
+                async with asyncio.timeout(self.poll_s):
+                    await self.wake.wait()
             if sent:  # busy: let the next batch gather for ``linger_s`` after this one began
                 await asyncio.sleep(began + self.linger_s - loop.time())
 

@@ -227,3 +227,35 @@ async def test_a_running_relay_prunes_what_it_published(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_relay_woken_as_it_is_cancelled_still_stops(replicas: Replicas) -> None:
+    """Cancelled in the very turn a commit wakes it (as at shutdown, right after a move), the
+    relay stops. Python 3.11's asyncio.wait_for returned the wake-up and dropped the
+    cancellation: the relay went on polling, and the app's cleanup waited for it for good."""
+    relay = replicas.make(poll_s=POLL_S)
+    task = asyncio.create_task(relay.run())
+    await asyncio.sleep(0.3)  # past its first look: waiting to be woken
+    assert not task.done()
+    relay.wake.set()  # committed()'s in-process wake-up, without its NOTIFY
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5.0)
+    assert done == {task}, "the relay did not stop when cancelled"
+    assert task.cancelled()
+
+
+async def test_a_closed_relay_sends_no_more_notifies(replicas: Replicas) -> None:
+    """A command consumer may finish a command after the app closed its relay: that commit
+    starts no NOTIFY task, which nothing would wait for before the pool closes."""
+    heard: list[str] = []
+    async with replicas.pool.acquire() as listener:
+
+        def hear(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+            heard.append(str(payload))
+
+        await listener.add_listener(NOTIFY_CHANNEL, hear)
+        await replicas.other.close()
+        replicas.other.committed()
+        await asyncio.sleep(0.3)
+        await listener.remove_listener(NOTIFY_CHANNEL, hear)
+    assert heard == []

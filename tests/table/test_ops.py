@@ -3,15 +3,22 @@ decline, the deck design preference, and a creator leaving a waiting table."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.table.app import RELAY, create_app
 from shared.infra.auth import Verifier
+from shared.infra.service import POOL
 from shared.infra.settings import Settings
 from tests.table.conftest import (
     Api,
+    Clock,
+    SeededShuffle,
     all_events,
     assert_error,
     open_api,
@@ -74,6 +81,33 @@ async def test_metrics_count_commands_and_show_the_outbox_lag(api: Api) -> None:
         if name == "gin_command_seconds_count" and labels == (("type", "PassUpcard"),)
     ]
     assert latency == [2.0]
+
+
+async def test_a_commit_as_the_app_stops_does_not_hold_its_shutdown(settings: Settings) -> None:
+    """A commit that wakes the relay in the very turn the cleanup cancels it (the last move
+    before a shutdown) holds nothing up: the relay stops and the pool closes. (The relay waited with Python 3.11's wait_for,
+    which returned the wake-up and dropped the cancellation: the cleanup waited for good.)"""
+    app = create_app(settings, clock=Clock(), shuffle=SeededShuffle(7))
+
+    async def commit_as_it_stops(app: web.Application) -> None:
+        app[RELAY].committed()  # the cleanup context cancels the relay next, in this turn
+
+    app.on_cleanup.insert(0, commit_as_it_stops)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        api = Api(client, settings)
+        ana = api.token("Ana")
+        table_id = (await api.create(ana))["table_id"]
+        status, body = await api.call("POST", f"/v1/tables/{table_id}/bot", ana, {"level": "tito"})
+        assert status == 200, body
+        await asyncio.sleep(0.3)  # the relay has published it and waits to be woken again
+    finally:
+        closing = asyncio.create_task(client.close())
+        done, _ = await asyncio.wait([closing], timeout=5.0)
+    assert done == {closing}, "the app's shutdown hung"
+    closing.result()
+    assert app[POOL].is_closing()
 
 
 async def test_dev_tokens_are_minted_when_enabled(api: Api, settings: Settings) -> None:
