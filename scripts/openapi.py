@@ -22,11 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from asyncapi import render  # a sibling script, not a package
 
 from services.chat.http import PostMessage
+from services.table import ws
 from shared.contracts import api
+from shared.contracts.api import MAX_HAND, MAX_SEQ, TABLE_ID_PATTERN
 from shared.contracts.commands import AnyCommand
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import HandEnded
 from shared.contracts.views import TableView
+from shared.infra.settings import Settings
 
 SCHEMAS = "#/components/schemas/{name}"
 Service = Literal["table", "chat", "ops"]
@@ -81,14 +84,23 @@ EXTRA_SCHEMAS: dict[str, Any] = {
         "required": ["status", "checks"],
     },
 }
+MAX_BODY_KIB = Settings().max_body_bytes // 1024
 ERRORS = {
-    400: "Malformed or invalid (`malformed_json`, `invalid_request`, `unknown_command`, ...).",
+    400: "Malformed or invalid (`malformed_json`, `invalid_request`, `invalid_table_id`, "
+    "`unknown_command`, ...).",
     401: "No token, or a token that is not valid (`unauthorized`).",
     403: "Not allowed to this caller (`not_seated`, `not_creator`, `bad_invite_code`, ...).",
     404: "No such table (`no_such_table`) or hand (`no_such_hand`).",
     409: "Not now: the rules refuse it (`not_your_turn`, `seat_taken`, `table_closed`, ...).",
-    429: "Too many messages: wait `Retry-After` seconds (`too_many_messages`).",
+    413: f"The body is larger than {MAX_BODY_KIB} KiB (`body_too_large`).",
+    429: "Too many of these from this identity (a per-identity rate limit, or the chat's "
+    "`too_many_messages`): wait `Retry-After` seconds.",
+    503: "Busy or its database unavailable, nothing changed: retry after `Retry-After` seconds "
+    "(`busy`, `database_unavailable`).",
 }
+CLOSE_INVALID_TEXT = 1007  # aiohttp's, for a text frame that is not UTF-8 (RFC 6455 7.4.1)
+# Refusals that carry Retry-After (whole seconds).
+RETRY_AFTER = (429, 503)
 
 
 @dataclass(frozen=True)
@@ -121,16 +133,25 @@ class Op:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-TABLE_ID = Param("id", "path", "The table's id.")
+TABLE_ID = Param(
+    "id",
+    "path",
+    "The table's id (the service makes them of 12 characters; any other of this shape names "
+    "no table).",
+    {"type": "string", "pattern": TABLE_ID_PATTERN},
+)
 AFTER = Param(
-    "after", "query", "Only what is numbered above this.", {"type": "integer", "minimum": 0}
+    "after",
+    "query",
+    "Only what is numbered above this.",
+    {"type": "integer", "minimum": 0, "maximum": MAX_SEQ, "default": 0},
 )
 
 
-def limit(default: int, maximum: int) -> Param:
-    """The ``limit`` query parameter of a page."""
-    schema = {"type": "integer", "minimum": 1, "maximum": maximum, "default": default}
-    return Param("limit", "query", f"At most this many (up to {maximum}).", schema)
+def limit(default: int, page: int) -> Param:
+    """The ``limit`` query parameter of a page: a larger one than the page gets the page."""
+    schema = {"type": "integer", "minimum": 1, "maximum": MAX_SEQ, "default": default}
+    return Param("limit", "query", f"At most this many (a page holds at most {page}).", schema)
 
 
 OPS: tuple[Op, ...] = (
@@ -145,7 +166,7 @@ OPS: tuple[Op, ...] = (
         body="CreateTable",
         body_required=False,
         ok=(201, "The table, its invitation and the caller's view.", "TableCreatedResponse"),
-        errors=(400, 401),
+        errors=(400, 401, 413, 429, 503),
     ),
     Op(
         "post",
@@ -157,7 +178,7 @@ OPS: tuple[Op, ...] = (
         auth="required",
         body="JoinTable",
         ok=(200, "The caller's new view and the events of the join.", "CommandResult"),
-        errors=(400, 401, 403, 404, 409),
+        errors=(400, 401, 403, 404, 409, 413, 429, 503),
         params=(TABLE_ID,),
     ),
     Op(
@@ -169,7 +190,7 @@ OPS: tuple[Op, ...] = (
         auth="required",
         body="SeatBot",
         ok=(200, "The caller's new view and the events.", "CommandResult"),
-        errors=(400, 401, 403, 404, 409),
+        errors=(400, 401, 403, 404, 409, 413, 429, 503),
         params=(TABLE_ID,),
     ),
     Op(
@@ -180,7 +201,7 @@ OPS: tuple[Op, ...] = (
         "The caller's view: a seat's view for a seated player, the public view otherwise.",
         auth="optional",
         ok=(200, "The view.", "TableView"),
-        errors=(401, 404),
+        errors=(400, 401, 404, 503),
         params=(TABLE_ID,),
     ),
     Op(
@@ -194,7 +215,7 @@ OPS: tuple[Op, ...] = (
         auth="required",
         body="AnyCommand",
         ok=(200, "The new version, the events and the caller's new view.", "CommandResult"),
-        errors=(400, 401, 403, 404, 409),
+        errors=(400, 401, 403, 404, 409, 413, 429, 503),
         params=(TABLE_ID,),
     ),
     Op(
@@ -205,7 +226,7 @@ OPS: tuple[Op, ...] = (
         "The table's public events with `seq` above `after`, to catch up after a reconnect.",
         ok=(200, "The envelopes, in `seq` order.", "Envelope"),
         ok_array=True,
-        errors=(400, 404),
+        errors=(400, 404, 503),
         params=(TABLE_ID, AFTER, limit(1000, 1000)),
     ),
     Op(
@@ -215,10 +236,15 @@ OPS: tuple[Op, ...] = (
         "getHand",
         "The full record of a finished hand, deck and salt included (R11.3).",
         ok=(200, "The hand_ended event of that hand.", "HandEnded"),
-        errors=(400, 404),
+        errors=(400, 404, 503),
         params=(
             TABLE_ID,
-            Param("n", "path", "The hand's number.", {"type": "integer", "minimum": 1}),
+            Param(
+                "n",
+                "path",
+                "The hand's number.",
+                {"type": "integer", "minimum": 1, "maximum": MAX_HAND},
+            ),
         ),
     ),
     Op(
@@ -229,12 +255,14 @@ OPS: tuple[Op, ...] = (
         "Watch a table over a WebSocket; a seated client may send commands on it too.",
         "The server sends a `snapshot` first, then an `event` (with the viewer's new view) for "
         'every event and chat message of the table; a command sent as `{"kind": "command", '
-        '"command": {...}}` is answered by a `result` or an `error`. Authenticate with '
-        "`?token=` (browsers cannot set headers on a WebSocket). A replica that shuts down "
-        "closes its sockets with 1001 (going away): reconnect and catch up with `getEvents`.",
+        '"command": {...}}` is answered by a `result` or an `error` (any other text or a '
+        "binary frame by an `error`). Authenticate with `?token=` (browsers cannot set headers "
+        "on a WebSocket); a plain GET, not an upgrade, is refused with 400. The close codes "
+        "are listed in `x-websocket.close-codes`: after 1001 or 4008 reconnect and catch up "
+        "with `getEvents`; after 4001 reconnect with a fresh token.",
         auth="optional",
         ok=(101, "Switching Protocols: the WebSocket is open.", None),
-        errors=(401, 404),
+        errors=(400, 401, 404, 429, 503),
         params=(
             TABLE_ID,
             Param("token", "query", "The bearer token, for a seated player or a named viewer."),
@@ -246,6 +274,17 @@ OPS: tuple[Op, ...] = (
                     for n in ("WsSnapshot", "WsEvent", "WsResult", "WsError")
                 ],
                 "client-messages": [{"$ref": SCHEMAS.format(name="WsCommand")}],
+                "max-message-bytes": Settings().ws_max_frame_bytes,
+                "close-codes": {
+                    str(code): meaning
+                    for code, meaning in (
+                        (ws.CLOSE_GOING_AWAY, "This replica shuts down: reconnect to another."),
+                        (CLOSE_INVALID_TEXT, "A text frame that is not UTF-8."),
+                        (ws.CLOSE_MESSAGE_TOO_BIG, "A message larger than `max-message-bytes`."),
+                        (ws.CLOSE_TOKEN_EXPIRED, "The token expired: reconnect with a new one."),
+                        (ws.CLOSE_TOO_SLOW, "The client fell behind: resume by seq."),
+                    )
+                },
             }
         },
     ),
@@ -257,7 +296,7 @@ OPS: tuple[Op, ...] = (
         "The caller's cosmetic preferences (R10.7).",
         auth="required",
         ok=(200, "The preferences.", "PreferencesView"),
-        errors=(401,),
+        errors=(401, 503),
     ),
     Op(
         "put",
@@ -268,7 +307,7 @@ OPS: tuple[Op, ...] = (
         auth="required",
         body="Preferences",
         ok=(200, "The preferences now.", "Preferences"),
-        errors=(400, 401),
+        errors=(400, 401, 413, 503),
     ),
     Op(
         "post",
@@ -280,7 +319,7 @@ OPS: tuple[Op, ...] = (
         "the site.",
         body="MintToken",
         ok=(201, "A token for `Authorization: Bearer`.", "Token"),
-        errors=(400,),
+        errors=(400, 413),
     ),
     Op(
         "post",
@@ -292,7 +331,7 @@ OPS: tuple[Op, ...] = (
         auth="required",
         body="PostMessage",
         ok=(201, "The message's `message_posted` envelope.", "Envelope"),
-        errors=(400, 401, 403, 404, 409, 429),
+        errors=(400, 401, 403, 404, 409, 413, 429, 503),
         params=(TABLE_ID,),
     ),
     Op(
@@ -303,7 +342,7 @@ OPS: tuple[Op, ...] = (
         "The table's chat history after `after`, for anyone.",
         ok=(200, "The `message_posted` envelopes, in order.", "Envelope"),
         ok_array=True,
-        errors=(400, 404),
+        errors=(400, 404, 503),
         params=(TABLE_ID, AFTER, limit(50, 100)),
     ),
     Op(
@@ -363,9 +402,13 @@ def error_response(status: int) -> dict[str, Any]:
         "description": ERRORS[status],
         "content": {"application/json": {"schema": {"$ref": SCHEMAS.format(name="ErrorBody")}}},
     }
-    if status == 429:
+    if status in RETRY_AFTER:
         body["headers"] = {
-            "Retry-After": {"description": "Whole seconds.", "schema": {"type": "integer"}}
+            "Retry-After": {
+                "description": "Whole seconds.",
+                "required": True,
+                "schema": {"type": "integer", "minimum": 0},
+            }
         }
     return body
 

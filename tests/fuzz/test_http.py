@@ -1,0 +1,173 @@
+"""schemathesis against docs/openapi.yaml on the real table and chat services.
+
+Every operation of the document gets cases in all of schemathesis's phases (the document's
+examples, its coverage cases of each boundary, then hypothesis fuzzing), positive and
+negative. Each case is sent to the service that serves its route, and every answer must be:
+- never a 5xx;
+- a status, content type, headers and body the document gives that operation;
+- for a 4xx, exactly ``{"error": {"code": str, "message": str, "rule": str | null}}``;
+- for a refusal naming one of our real tables, no change: the table's version and its number
+  of events are what they were before the request.
+
+The cases are steered toward what exists (``steer``): most name a real table, carry a real
+token or a hostile one, join with the real invitation code, so the fuzz gets past 401 and
+404 to the handlers' own checks. The steering is a pure function of the case schemathesis
+made, so a failure replays as it ran.
+
+The run is bounded and repeatable: deterministic generation (the same cases on every run, so
+a red CI is a failure that replays on any machine, not a lucky draw) and a fixed number of
+examples per operation; ``GIN_FUZZ_EXAMPLES`` raises it for a longer search by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+import schemathesis
+from requests.structures import CaseInsensitiveDict
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.fuzz.conftest import ANSWERS, CASES, Services, World, assert_error_shape, make_world
+
+Case = schemathesis.Case[Any]
+DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
+EXAMPLES = int(os.environ.get("GIN_FUZZ_EXAMPLES", "40"))
+CONFIG = schemathesis.Config.from_dict(
+    {
+        "seed": 13,
+        "generation": {
+            "mode": "all",
+            "max-examples": EXAMPLES,
+            "deterministic": True,
+        },
+    }
+)
+schema = schemathesis.openapi.from_path(DOCUMENT, config=CONFIG)
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+
+
+@pytest.fixture(scope="module")
+def world(services: Services) -> World:
+    return make_world(services, "http")
+
+
+def _pick(case: Case, salt: str, weights: dict[str, int]) -> str:
+    """A choice that is a pure function of the case (so a failure replays as it ran)."""
+    seed = repr(
+        (case.method, case.path, case.path_parameters, case.query, dict(case.headers), case.body)
+    )
+    digest = hashlib.sha256(f"{salt}:{seed}".encode(errors="surrogatepass")).digest()
+    point = int.from_bytes(digest[:8], "big") % sum(weights.values())
+    for choice, weight in weights.items():
+        if point < weight:
+            return choice
+        point -= weight
+    raise AssertionError("unreachable")
+
+
+def hostile_tokens(world: World, secret: str) -> list[str]:
+    """Authorization headers no caller should get past 401 with."""
+    ana = world.tokens["ana"]
+    head, payload, signature = ana.split(".")
+    return [
+        "Bearer \xff\xfe",  # raw bytes (latin-1 on the wire, not UTF-8)
+        "Bearer " + ana + "\xe9",
+        "Bearer " + ".".join([head, payload, signature[::-1]]),  # a wrong signature
+        "Bearer " + jwt.encode({"sub": "fuzz-x", "name": "X"}, secret, algorithm="HS256"),
+        "Bearer " + jwt.encode({"sub": "fuzz-x", "exp": 1}, secret, algorithm="HS256"),
+        "Bearer " + jwt.encode({"sub": "fuzz-x", "exp": 4102444800}, "another-secret-" * 3),
+        "Bearer " + jwt.encode({"sub": "fuzz-x", "exp": 4102444800}, None, algorithm="none"),
+        "Bearer " + jwt.encode({"sub": 7, "exp": 4102444800}, secret, algorithm="HS256"),
+        "Bearer " + "a" * 4000,
+        "Bearer a.b.c",
+        "Basic YW5hOmFuYQ==",
+        "bearer",
+        "Bearer  " + ana,
+    ]
+
+
+def steer(case: Case, world: World, secret: str) -> None:
+    """Point the case at a real table, a real token or a hostile one, the real invitation.
+
+    Each part is assigned anew, never edited in place: schemathesis then checks the case
+    again, so a negative case steered into a valid one is held to the positive case's checks.
+    """
+    if "id" in case.path_parameters:
+        target = _pick(case, "table", {"as made": 3, "seated": 5, "waiting": 2})
+        if target != "as made":
+            case.path_parameters = {**case.path_parameters, "id": getattr(world, target)}
+    joins = isinstance(case.body, dict) and "invite_code" in case.body
+    if joins and _pick(case, "invite", {"as made": 1, "real": 1}) == "real":
+        table = case.path_parameters.get("id")
+        code = world.seated_invite if table == world.seated else world.invite
+        case.body = {**case.body, "invite_code": code}  # type: ignore[dict-item]
+    who = _pick(
+        case,
+        "token",
+        {"as made": 3, "ana": 4, "bia": 2, "cid": 2, "none": 1, "hostile": 2},
+    )
+    headers = CaseInsensitiveDict(case.headers or {})
+    if who in world.tokens:
+        headers["Authorization"] = f"Bearer {world.tokens[who]}"
+    elif who == "none":
+        headers.pop("Authorization", None)
+    elif who == "hostile":
+        hostile = hostile_tokens(world, secret)
+        which = _pick(case, "which", {str(i): 1 for i in range(len(hostile))})
+        headers["Authorization"] = hostile[int(which)]
+    if who != "as made":
+        case.headers = headers
+
+
+def base_of(case: Case, services: Services) -> str:
+    """The chat's routes go to the chat service; every other route to the table service."""
+    return services.chat.base if "chat" in (case.operation.tags or []) else services.table.base
+
+
+@schema.parametrize()
+def test_every_answer_is_a_clear_one(case: Case, services: Services, world: World) -> None:
+    steer(case, world, services.settings.auth_secret)
+    base = base_of(case, services)
+    table = services.table.base
+    real = case.path_parameters.get("id") in (world.seated, world.waiting)
+    before = world.table_state(table, case.path_parameters["id"]) if real else None
+    response = case.call(base_url=base, session=world.http, timeout=30)
+    CASES[f"http {'chat' if base != table else 'table'}"] += 1
+    ANSWERS[f"{case.method} {case.path}"][response.status_code] += 1
+    output = services.table.new_output() + services.chat.new_output()
+    try:
+        case.validate_response(response, checks=CHECKS)
+    except BaseException as exc:  # the service's own account of a failure goes with it
+        if response.status_code >= 500:
+            exc.add_note(f"service output:\n{output[-6000:]}")
+        raise
+    status = response.status_code
+    if 400 <= status < 500:
+        assert_error_shape(status, response.content)
+        if status == 429:
+            retry_after = response.headers.get("retry-after", [])
+            assert len(retry_after) == 1, response.headers
+            assert retry_after[0].isdigit(), response.headers
+        if before is not None:
+            after = world.table_state(table, case.path_parameters["id"])
+            assert after == before, f"a refused {case.method} {case.path} changed the table"
