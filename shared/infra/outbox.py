@@ -78,16 +78,14 @@ class RelayMetrics:
         )
 
 
-# The relay lock and the oldest unpublished rows, in one round trip: one row with held false
-# when another relay holds the lock; one row with null columns when the outbox is empty.
-# The lock is tried once (a materialized CTE; a subquery would be inlined into two calls).
+# The relay lock, then the oldest unpublished rows, each in a statement of its own: in READ
+# COMMITTED a statement reads with the snapshot it began with, so a statement that took the
+# lock too could read from before the lock came free, when the relay that had held it had not
+# yet committed its marks, and publish that relay's batch a second time.
+_TAKE_LOCK = "SELECT pg_try_advisory_xact_lock($1)"
 _TAKE_BATCH = """
-WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS held)
-SELECT l.held, now() AS now, o.id, o.exchange, o.routing_key, o.body, o.message_id, o.created_at
-FROM l LEFT JOIN LATERAL (
-    SELECT id, exchange, routing_key, body, message_id, created_at FROM outbox
-    WHERE l.held AND published_at IS NULL ORDER BY id LIMIT $2
-) AS o ON true
+SELECT now() AS now, id, exchange, routing_key, body, message_id, created_at FROM outbox
+WHERE published_at IS NULL ORDER BY id LIMIT $1
 """
 
 
@@ -208,10 +206,9 @@ class OutboxRelay:
     async def relay_once(self, conn: Conn) -> int:
         """Publish one batch if this relay holds the lock; how many were published."""
         async with conn.transaction():
-            found = await conn.fetch(_TAKE_BATCH, self.lock_key, self.batch)
-            if not found[0]["held"]:
+            if not await conn.fetchval(_TAKE_LOCK, self.lock_key):
                 return 0
-            rows = [row for row in found if row["id"] is not None]
+            rows = await conn.fetch(_TAKE_BATCH, self.batch)
             if not rows:
                 self.metrics.lag.set(0)
                 return 0

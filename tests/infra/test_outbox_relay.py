@@ -30,11 +30,13 @@ class Replicas:
 
     def __init__(
         self,
+        schema: str,
         pool: asyncpg.Pool,
         running: OutboxRelay,
         other: OutboxRelay,
         make: Callable[..., OutboxRelay],
     ) -> None:
+        self.schema = schema
         self.pool = pool
         self.running = running
         self.other = other
@@ -87,7 +89,7 @@ async def replicas(settings: Settings) -> AsyncIterator[Replicas]:
     task = asyncio.create_task(running.run())
     await asyncio.sleep(0.3)  # listening, and past its first (empty) look at the outbox
     try:
-        yield Replicas(pool, running, relay(), relay)
+        yield Replicas(schema, pool, running, relay(), relay)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -259,3 +261,56 @@ async def test_a_closed_relay_sends_no_more_notifies(replicas: Replicas) -> None
         await asyncio.sleep(0.3)
         await listener.remove_listener(NOTIFY_CHANNEL, hear)
     assert heard == []
+
+
+async def test_a_relay_that_takes_the_lock_as_another_lets_go_does_not_publish_again(
+    replicas: Replicas, settings: Settings
+) -> None:
+    """Relay B asks for the lock while relay A holds it, and gets it the moment A has
+    published its batch and committed: B must read the outbox as it is then, A's rows
+    marked. (B read the batch in the statement that took the lock, with the snapshot that
+    statement began with, from before A's commit, and published A's batch a second time.)
+
+    The interleaving is forced: B's connection finds a ``pg_try_advisory_xact_lock`` of the
+    schema first, which waits at a gate the test holds before it asks PostgreSQL's."""
+    gate = 424242
+    async with replicas.pool.acquire() as conn:
+        await conn.execute(
+            "CREATE FUNCTION pg_try_advisory_xact_lock(key bigint) RETURNS boolean"
+            " LANGUAGE plpgsql AS $$ BEGIN"
+            f" PERFORM pg_catalog.pg_advisory_xact_lock_shared({gate});"
+            " RETURN pg_catalog.pg_try_advisory_xact_lock(key); END $$"
+        )
+    a, b = replicas.make(), replicas.make()
+    keys = [f"relay.{uuid.uuid4().hex[:8]}.{n}" for n in range(3)]
+    gatekeeper = await asyncpg.connect(settings.database_url)
+    conn_a = await asyncpg.connect(
+        settings.database_url, server_settings={"search_path": replicas.schema}
+    )
+    conn_b = await asyncpg.connect(
+        settings.database_url, server_settings={"search_path": f"{replicas.schema}, pg_catalog"}
+    )
+    try:
+        async with Tap(settings, EVENTS_EXCHANGE, *keys) as tap:
+            for key in keys:
+                await replicas.commit(key)
+            await gatekeeper.execute("SELECT pg_advisory_lock($1)", gate)
+            b_turn = asyncio.create_task(b.relay_once(conn_b))
+            b_pid = conn_b.get_server_pid()
+            for _ in range(200):  # until B's statement has begun and waits at the gate
+                waiting = await gatekeeper.fetchval(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", b_pid
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting, "relay B never reached the gate"
+            assert await a.relay_once(conn_a) == len(keys)  # A publishes, marks, commits
+            await gatekeeper.execute("SELECT pg_advisory_unlock($1)", gate)
+            assert await asyncio.wait_for(b_turn, 5.0) == 0  # B: the lock, and nothing to do
+            published = await tap.drain(quiet=0.5)
+        assert [body["key"] for body in published] == keys  # once each
+        assert all((await replicas.ids()).values())
+    finally:
+        for conn in (gatekeeper, conn_a, conn_b):
+            await conn.close()
