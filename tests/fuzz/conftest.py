@@ -14,7 +14,7 @@ import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,10 @@ from tests.e2e.processes import Service
 
 # How many requests and frames each part of the suite sent (printed at the end of the run).
 CASES: Counter[str] = Counter()
-# Statuses answered, by operation (``GIN_FUZZ_VERBOSE=1`` prints them).
-ANSWERS: defaultdict[str, Counter[int]] = defaultdict(Counter)
-STARTED = time.monotonic()
+# Statuses (or error codes) answered, by operation (``GIN_FUZZ_VERBOSE=1`` prints them).
+ANSWERS: defaultdict[str, Counter[str]] = defaultdict(Counter)
+# Seconds spent in the fuzz tests (setup and teardown included).
+SPENT: list[float] = [0.0]
 
 
 @dataclass
@@ -105,65 +106,80 @@ def services(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> It
         chat.service.stop()
 
 
-@dataclass
 class World:
-    """Real tables and identities, so the fuzz reaches past ``no_such_table``."""
+    """Real tables and identities, so the fuzz reaches past ``no_such_table``: ana and bia
+    seated at ``seated`` (a hand on), cid a spectator, ``waiting`` waiting for a player;
+    ``finished`` is the last seated table whose match ended (None before the first)."""
 
-    tokens: dict[str, str]  # ana and bia seated at ``seated``, cid a spectator
-    seated: str  # a table with both seats taken: a hand is on
-    waiting: str  # a table waiting for its second player
-    invite: str  # the waiting table's invitation code
-    seated_invite: str
-    http: requests.Session = field(default_factory=requests.Session)
+    def __init__(self, services: Services, label: str) -> None:
+        self.table = services.table.base
+        self.chat = services.chat.base
+        secret = services.settings.auth_secret
+        self.tokens = {
+            who: mint(secret, f"fuzz-{label}-{who}", who.capitalize())
+            for who in ("ana", "bia", "cid")
+        }
+        self.http = requests.Session()
+        self.seated, self.seated_invite = self._table(joined_by="bia")
+        self.waiting, self.invite = self._table(joined_by=None)
+        self.finished: str | None = None
+        self.tables = 2
 
     def header(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[who]}"}
 
-    def table_state(self, base: str, table_id: str) -> tuple[int, int]:
-        """The table's version and how many events it has (its public log)."""
-        view = self.http.get(f"{base}/v1/tables/{table_id}", timeout=10)
-        assert view.status_code == 200, view.text
-        events = self.http.get(f"{base}/v1/tables/{table_id}/events", timeout=10)
-        assert events.status_code == 200, events.text
-        return int(view.json()["version"]), len(events.json())
+    def _table(self, joined_by: str | None) -> tuple[str, str]:
+        """A table ana created (and ``joined_by`` joined) that the chat has heard of."""
+        created = self._post("/v1/tables", "ana", {})
+        table_id, code = created["table_id"], created["invite_code"]
+        if joined_by is not None:
+            self._post(f"/v1/tables/{table_id}/join", joined_by, {"invite_code": code})
+        deadline = time.monotonic() + 30
+        # The chat learns tables from the table's events.
+        while self.http.get(f"{self.chat}/v1/tables/{table_id}/messages").status_code != 200:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the chat service never heard of the fuzz's table")
+            time.sleep(0.05)
+        return table_id, code
 
-
-def make_world(services: Services, label: str) -> World:
-    """Three identities (fresh per module), a seated table and a waiting one; the chat has
-    heard of the seated table before this returns."""
-    secret = services.settings.auth_secret
-    tokens = {
-        who: mint(secret, f"fuzz-{label}-{who}", who.capitalize()) for who in ("ana", "bia", "cid")
-    }
-    http = requests.Session()
-    base = services.table.base
-
-    def post(path: str, who: str, body: Any) -> Any:
-        r = http.post(
-            f"{base}{path}", json=body, headers={"Authorization": f"Bearer {tokens[who]}"}
-        )
+    def _post(self, path: str, who: str, body: Any) -> Any:
+        r = self.http.post(f"{self.table}{path}", json=body, headers=self.header(who), timeout=10)
         assert r.status_code < 300, r.text
         return r.json()
 
-    seated = post("/v1/tables", "ana", {})
-    post(f"/v1/tables/{seated['table_id']}/join", "bia", {"invite_code": seated["invite_code"]})
-    waiting = post("/v1/tables", "ana", {})
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the chat learns tables from the table's events
-        r = http.get(f"{services.chat.base}/v1/tables/{seated['table_id']}/messages")
-        if r.status_code == 200:
-            break
-        time.sleep(0.1)
-    else:
-        raise TimeoutError("the chat service never heard of the seated table")
-    return World(
-        tokens=tokens,
-        seated=seated["table_id"],
-        waiting=waiting["table_id"],
-        invite=waiting["invite_code"],
-        seated_invite=seated["invite_code"],
-        http=http,
-    )
+    def keep_playing(self) -> None:
+        """A seated table whose match the fuzz ended (a resign, a leave) is replaced, so the
+        fuzz goes on meeting a hand in play; a joined waiting table too."""
+        if self.view(self.seated)["status"] != "playing":
+            self.finished = self.seated
+            self.seated, self.seated_invite = self._table(joined_by="bia")
+            self.tables += 1
+        if self.view(self.waiting)["status"] != "waiting":
+            self.waiting, self.invite = self._table(joined_by=None)
+            self.tables += 1
+
+    def view(self, table_id: str, who: str | None = None) -> Any:
+        """The table's view, a seat's if ``who`` sits there."""
+        headers = self.header(who) if who else {}
+        view = self.http.get(f"{self.table}/v1/tables/{table_id}", headers=headers, timeout=10)
+        assert view.status_code == 200, view.text
+        return view.json()
+
+    def chat_state(self, table_id: str) -> int:
+        """The number of the table's last chat message (0 before the first)."""
+        page = self.http.get(f"{self.chat}/v1/tables/{table_id}/messages?limit=100", timeout=10)
+        assert page.status_code == 200, page.text
+        return max((m["seq"] for m in page.json()), default=0)
+
+    def table_state(self, table_id: str) -> tuple[int, int]:
+        """The table's version and how many events it has (its public log)."""
+        events = self.http.get(f"{self.table}/v1/tables/{table_id}/events", timeout=10)
+        assert events.status_code == 200, events.text
+        return int(self.view(table_id)["version"]), len(events.json())
+
+    def state(self, table_id: str) -> tuple[int, int, int]:
+        """The table's version, its number of events and its last chat message."""
+        return (*self.table_state(table_id), self.chat_state(table_id))
 
 
 def assert_error_shape(status: int, body: bytes) -> None:
@@ -183,15 +199,19 @@ def assert_error_shape(status: int, body: bytes) -> None:
     assert error["rule"] is None or isinstance(error["rule"], str), f"{status}: {doc!r}"
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up the time of the fuzz tests."""
+    if report.nodeid.startswith("tests/fuzz/"):
+        SPENT[0] += report.duration
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """One line: how many fuzz cases ran, of which kind, in how long."""
     if not CASES:
         return
     parts = ", ".join(f"{n} {kind}" for kind, n in sorted(CASES.items()))
     total = sum(CASES.values())
-    terminalreporter.write_line(
-        f"fuzz: {total} cases ({parts}) in {time.monotonic() - STARTED:.0f} s of this run"
-    )
+    terminalreporter.write_line(f"fuzz: {total} cases in {SPENT[0]:.0f} s ({parts})")
     if os.environ.get("GIN_FUZZ_VERBOSE"):
         for operation, statuses in sorted(ANSWERS.items()):
             terminalreporter.write_line(f"  {operation}: {dict(sorted(statuses.items()))}")

@@ -22,7 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz.conftest import CASES, Services, World, assert_error_shape, make_world
+from tests.fuzz.conftest import CASES, Services, World, assert_error_shape
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 BODIES = int(os.environ.get("GIN_FUZZ_BODIES", "60"))
@@ -89,7 +89,7 @@ def bodies(max_bytes: int) -> st.SearchStrategy[tuple[bytes, bool]]:
 
 @pytest.fixture(scope="module")
 def world(services: Services) -> World:
-    return make_world(services, "bodies")
+    return World(services, "bodies")
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,7 @@ def test_hostile_bodies_are_refused_clearly(
     base = services.chat.base if service == "chat" else services.table.base
     url = base + path.replace("{id}", world.seated)
     max_bytes = services.settings.max_body_bytes
-    before = world.table_state(services.table.base, world.seated)
+    before = world.state(world.seated)
 
     @settings(
         max_examples=BODIES,
@@ -127,7 +127,7 @@ def test_hostile_bodies_are_refused_clearly(
             assert status == 413, f"{len(data)} bytes: {status} {response.text[:300]}"
         if status >= 400:
             assert_error_shape(status, response.content)
-            after = world.table_state(services.table.base, world.seated)
+            after = world.state(world.seated)
             assert after == before, f"a refused body changed the table: {before} -> {after}"
 
     check()

@@ -31,6 +31,7 @@ import pytest
 import schemathesis
 from requests.structures import CaseInsensitiveDict
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -39,7 +40,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.fuzz.conftest import ANSWERS, CASES, Services, World, assert_error_shape, make_world
+from tests.fuzz.conftest import ANSWERS, CASES, Services, World, assert_error_shape
 
 Case = schemathesis.Case[Any]
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
@@ -68,7 +69,7 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def world(services: Services) -> World:
-    return make_world(services, "http")
+    return World(services, "http")
 
 
 def _pick(case: Case, salt: str, weights: dict[str, int]) -> str:
@@ -106,26 +107,50 @@ def hostile_tokens(world: World, secret: str) -> list[str]:
     ]
 
 
+# Moves the steering never picks (the fuzz makes them itself, and the table is then replaced).
+ENDS_THE_MATCH = {"resign", "leave", "decline_rematch"}
+
+
+def negative(case: Case, location: ParameterLocation) -> bool:
+    """Whether schemathesis made this part of the case invalid on purpose."""
+    return case.meta is not None and case.meta.is_negative_at(location)
+
+
+def legal_move(case: Case, world: World, who: str) -> dict[str, Any] | None:
+    """Now and then one of the seat's legal moves, so the match goes on and the fuzz meets
+    its later states (a knock, a hand's end, a record)."""
+    if _pick(case, "move", {"as made": 3, "legal": 1}) == "as made":
+        return None
+    view = world.view(world.seated, who)
+    legal = [m for m in view.get("legal", []) if m["type"] not in ENDS_THE_MATCH]
+    if not legal:
+        return None
+    move: dict[str, Any] = legal[int(_pick(case, "which", {str(i): 1 for i in range(len(legal))}))]
+    return move
+
+
 def steer(case: Case, world: World, secret: str) -> None:
     """Point the case at a real table, a real token or a hostile one, the real invitation.
 
-    Each part is assigned anew, never edited in place: schemathesis then checks the case
-    again, so a negative case steered into a valid one is held to the positive case's checks.
+    Only a part schemathesis made valid is steered: a negative part stays as it was made (it
+    is what that case is about). Each is assigned anew, never edited in place, so
+    schemathesis checks the case again before it is sent.
     """
-    if "id" in case.path_parameters:
-        target = _pick(case, "table", {"as made": 3, "seated": 5, "waiting": 2})
-        if target != "as made":
-            case.path_parameters = {**case.path_parameters, "id": getattr(world, target)}
-    joins = isinstance(case.body, dict) and "invite_code" in case.body
-    if joins and _pick(case, "invite", {"as made": 1, "real": 1}) == "real":
-        table = case.path_parameters.get("id")
-        code = world.seated_invite if table == world.seated else world.invite
-        case.body = {**case.body, "invite_code": code}  # type: ignore[dict-item]
+    if "id" in case.path_parameters and not negative(case, ParameterLocation.PATH):
+        target = _pick(case, "table", {"as made": 1, "seated": 5, "waiting": 2, "finished": 1})
+        table_id = getattr(world, target, None)
+        if table_id is not None:
+            case.path_parameters = {**case.path_parameters, "id": table_id}
     who = _pick(
         case,
         "token",
-        {"as made": 3, "ana": 4, "bia": 2, "cid": 2, "none": 1, "hostile": 2},
+        {"as made": 2, "ana": 4, "bia": 2, "cid": 2, "none": 1, "hostile": 2},
     )
+    body = case.body if isinstance(case.body, dict) else None
+    if body is not None and not negative(case, ParameterLocation.BODY):
+        steered = steer_body(case, world, who, body)
+        if steered is not body:
+            case.body = steered
     headers = CaseInsensitiveDict(case.headers or {})
     if who in world.tokens:
         headers["Authorization"] = f"Bearer {world.tokens[who]}"
@@ -135,8 +160,22 @@ def steer(case: Case, world: World, secret: str) -> None:
         hostile = hostile_tokens(world, secret)
         which = _pick(case, "which", {str(i): 1 for i in range(len(hostile))})
         headers["Authorization"] = hostile[int(which)]
-    if who != "as made":
+    if who != "as made" and not negative(case, ParameterLocation.HEADER):
         case.headers = headers
+
+
+def steer_body(case: Case, world: World, who: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The real invitation code, a message the chat takes, a legal move: now and then."""
+    table_id = case.path_parameters.get("id")
+    if "invite_code" in body and _pick(case, "invite", {"as made": 1, "real": 1}) == "real":
+        code = world.seated_invite if table_id == world.seated else world.invite
+        return {**body, "invite_code": code}
+    if "text" in body and _pick(case, "text", {"as made": 2, "real": 1}) == "real":
+        return {"text": "bom jogo!"}  # the chat's 201 (and, five at a time, its 429)
+    commands = case.operation.label == "POST /v1/tables/{id}/commands"
+    if commands and table_id == world.seated and who in ("ana", "bia"):
+        return legal_move(case, world, who) or body
+    return body
 
 
 def base_of(case: Case, services: Services) -> str:
@@ -146,14 +185,15 @@ def base_of(case: Case, services: Services) -> str:
 
 @schema.parametrize()
 def test_every_answer_is_a_clear_one(case: Case, services: Services, world: World) -> None:
+    world.keep_playing()
     steer(case, world, services.settings.auth_secret)
     base = base_of(case, services)
-    table = services.table.base
-    real = case.path_parameters.get("id") in (world.seated, world.waiting)
-    before = world.table_state(table, case.path_parameters["id"]) if real else None
+    table_id = str(case.path_parameters.get("id", ""))
+    real = table_id in (world.seated, world.waiting, world.finished)
+    before = world.state(table_id) if real else None
     response = case.call(base_url=base, session=world.http, timeout=30)
-    CASES[f"http {'chat' if base != table else 'table'}"] += 1
-    ANSWERS[f"{case.method} {case.path}"][response.status_code] += 1
+    CASES[f"http {'chat' if base == services.chat.base else 'table'}"] += 1
+    ANSWERS[f"{case.method} {case.path}"][str(response.status_code)] += 1
     output = services.table.new_output() + services.chat.new_output()
     try:
         case.validate_response(response, checks=CHECKS)
@@ -169,5 +209,5 @@ def test_every_answer_is_a_clear_one(case: Case, services: Services, world: Worl
             assert len(retry_after) == 1, response.headers
             assert retry_after[0].isdigit(), response.headers
         if before is not None:
-            after = world.table_state(table, case.path_parameters["id"])
+            after = world.state(table_id)
             assert after == before, f"a refused {case.method} {case.path} changed the table"

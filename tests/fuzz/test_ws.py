@@ -23,14 +23,16 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 import aiohttp
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.contracts.commands import AnyCommand
-from tests.fuzz.conftest import CASES, Services, World, assert_error_shape, make_world
+from shared.engine import CARDS
+from tests.fuzz.conftest import ANSWERS, CASES, Services, World, assert_error_shape
 
-FRAMES = int(os.environ.get("GIN_FUZZ_FRAMES", "150"))
+FRAMES = int(os.environ.get("GIN_FUZZ_FRAMES", "300"))
 ANSWER_WITHIN_S = 2.0
 CLOSE_MESSAGE_TOO_BIG = 1009
 CLOSE_INVALID_TEXT = 1007
@@ -93,6 +95,38 @@ commands = st.fixed_dictionaries(
     {"type": st.sampled_from(TAGS) | awkward_text | json_values},
     optional={**field_values, "surplus": json_values},
 )
+CARD_NAMES = [str(card) for card in CARDS]
+# What each field of a command holds when it is right.
+right = {
+    "command_id": st.from_regex(r"\A[A-Za-z0-9._:~-]{1,100}\Z"),
+    "expected_version": st.integers(min_value=0, max_value=2**31 - 1),
+    "source": st.sampled_from(["stock", "discard"]),
+    "card": st.sampled_from(CARD_NAMES),
+    "melds": st.lists(st.lists(st.sampled_from(CARD_NAMES), min_size=3, max_size=4), max_size=3),
+    "deadwood": st.integers(min_value=0, max_value=1000),
+}
+
+
+def well_formed(kind: type[msgspec.Struct]) -> st.SearchStrategy[dict[str, Any]]:
+    """A command of this type that decodes: its tag, every required field, some optional."""
+    fields = msgspec.structs.fields(kind)
+    return st.fixed_dictionaries(
+        {
+            "type": st.just(kind.__struct_config__.tag),
+            **{f.name: right[f.name] for f in fields if f.required},
+        },
+        optional={f.name: right[f.name] for f in fields if not f.required},
+    )
+
+
+well_formed_commands = st.sampled_from(get_args(AnyCommand)).flatmap(well_formed)
+# One field wrong: the type, the value or the bounds of it.
+one_wrong = st.builds(
+    lambda command, field, value: {**command, field: value},
+    well_formed_commands,
+    st.sampled_from(FIELDS),
+    json_values | numbers | awkward_text,
+)
 messages = st.fixed_dictionaries(
     {"kind": st.just("command") | awkward_text | json_values},
     optional={"command": commands | json_values, "extra": json_values},
@@ -125,6 +159,10 @@ def frames(max_bytes: int) -> st.SearchStrategy[Frame]:
         st.booleans(),
         st.booleans(),
     )
+    command_frame = st.builds(
+        lambda command: Frame(True, as_json({"kind": "command", "command": command}, True)),
+        well_formed_commands | one_wrong,
+    )
     not_json = st.builds(lambda s: Frame(True, s.encode()), st.text(max_size=200))
     raw_binary = st.builds(lambda b: Frame(False, b), st.binary(max_size=400))
     deep = st.builds(
@@ -153,7 +191,10 @@ def frames(max_bytes: int) -> st.SearchStrategy[Frame]:
         st.integers(min_value=max_bytes, max_value=4 * max_bytes),
         st.booleans(),
     )
-    return st.one_of(json_frame, json_frame, not_json, raw_binary, deep, not_utf8, oversized)
+    # Commands that decode, or nearly, most often: they get furthest into the server.
+    return st.one_of(
+        *[command_frame] * 4, json_frame, not_json, raw_binary, deep, not_utf8, oversized
+    )
 
 
 def stale(frame: Frame, version: int) -> Frame:
@@ -222,12 +263,11 @@ class Viewers:
     loop: asyncio.AbstractEventLoop
     session: aiohttp.ClientSession
     sockets: dict[str, Socket]
-    version: int  # the table's, when the fuzz began
 
 
 @pytest.fixture(scope="module")
 def world(services: Services) -> World:
-    return make_world(services, "ws")
+    return World(services, "ws")
 
 
 @pytest.fixture(scope="module")
@@ -245,9 +285,8 @@ def viewers(services: Services, world: World) -> Iterator[Viewers]:
         "spectator": Socket(session, f"{url}?token={world.tokens['cid']}"),
         "anonymous": Socket(session, url),
     }
-    version, _ = world.table_state(services.table.base, world.seated)
     try:
-        yield Viewers(loop, session, sockets, version)
+        yield Viewers(loop, session, sockets)
     finally:
 
         async def stop() -> None:
@@ -264,7 +303,7 @@ def test_every_frame_is_answered_and_changes_nothing(
     services: Services, world: World, viewers: Viewers, viewer: str
 ) -> None:
     max_bytes = services.settings.ws_max_frame_bytes
-    before = world.table_state(services.table.base, world.seated)
+    before = world.table_state(world.seated)
     socket = viewers.sockets[viewer]
 
     @settings(
@@ -286,6 +325,7 @@ def test_every_frame_is_answered_and_changes_nothing(
         output = services.table.new_output()
         assert services.table.alive(), f"the table service died:\n{output[-6000:]}"
         if frame.expect_close is not None:
+            ANSWERS[f"ws {viewer}"][f"close {answer.data}"] += 1
             assert answer.type == aiohttp.WSMsgType.CLOSE, (answer, output[-3000:])
             assert answer.data == frame.expect_close, (answer, answer.extra)
         else:
@@ -293,8 +333,9 @@ def test_every_frame_is_answered_and_changes_nothing(
             message = json.loads(answer.data)
             assert message.get("kind") == "error", answer.data[:500]
             assert set(message) == {"kind", "error"}, answer.data[:500]
+            ANSWERS[f"ws {viewer}"][str(message["error"].get("code"))] += 1
             assert_error_shape(400, json.dumps({"error": message["error"]}).encode())
-        after = world.table_state(services.table.base, world.seated)
+        after = world.table_state(world.seated)
         assert after == before, f"the frame changed the table: {before} -> {after}"
 
     check()
