@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from tests.fuzz.conftest import CASES, Services, World, assert_error_shape
@@ -112,6 +112,7 @@ def test_hostile_bodies_are_refused_clearly(
     @given(body=bodies(max_bytes))
     def check(body: tuple[bytes, bool]) -> None:
         data, too_large = body
+        note(f"the body: {len(data)} bytes, {data[:200]!r}...")
         CASES["http hostile bodies"] += 1
         response = world.http.request(
             method,

@@ -25,7 +25,7 @@ from typing import Any, get_args
 import aiohttp
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from shared.contracts.commands import AnyCommand
@@ -52,9 +52,6 @@ class Frame:
         kind = "text" if self.text else "binary"
         head = self.payload[:300]
         return f"Frame({kind}, {len(self.payload)} bytes, {head!r}, close={self.expect_close})"
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # what hypothesis prints of one
-        p.text(repr(self))
 
 
 # --- the frames -------------------------------------------------------------------------------
@@ -316,6 +313,7 @@ def test_every_frame_is_answered_and_changes_nothing(
     def check(frame: Frame) -> None:
         if viewer == "seated":
             frame = stale(frame, before[0])
+        note(f"the frame: {frame!r}")
         CASES[f"ws frames ({viewer})"] += 1
         try:
             answer = viewers.loop.run_until_complete(socket.answer(frame))
