@@ -6,13 +6,14 @@ negative. Each case is sent to the service that serves its route, and every answ
 - never a 5xx;
 - a status, content type, headers and body the document gives that operation;
 - for a 4xx, exactly ``{"error": {"code": str, "message": str, "rule": str | null}}``;
-- for a refusal naming one of our real tables, no change: the table's version and its number
-  of events are what they were before the request.
+- for a refusal naming one of our real tables, no change: the table's version, its number of
+  events and its last chat message are what they were before the request.
 
-The cases are steered toward what exists (``steer``): most name a real table, carry a real
-token or a hostile one, join with the real invitation code, so the fuzz gets past 401 and
-404 to the handlers' own checks. The steering is a pure function of the case schemathesis
-made, so a failure replays as it ran.
+The valid parts of the cases are steered toward what exists (``steer``): most name a real
+table, carry a real token or a hostile one, the real invitation code, now and then a legal
+move, so the fuzz gets past 401 and 404 to the handlers' own checks; now and then one valid
+part gets an input that once answered 500 (``CLASSICS``). The parts schemathesis made invalid
+stay as made. The steering is a pure function of the case, so a failure replays as it ran.
 
 The run is bounded and repeatable: deterministic generation (the same cases on every run, so
 a red CI is a failure that replays on any machine, not a lucky draw) and a fixed number of
