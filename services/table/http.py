@@ -187,10 +187,12 @@ async def run_command(request: web.Request, command: Any, identity: Identity) ->
     limit(request, "commands", identity)
     start = time.perf_counter()
     outcome = "refused"
+    actor = Actor(kind="person", identity=identity)
     try:
+        app[TABLES].refuse_from_memory(request.match_info["id"], actor, command)
         async with app[POOL].acquire() as conn, conn.transaction():
             result, change = await app[TABLES].command(
-                conn, request.match_info["id"], Actor(kind="person", identity=identity), command
+                conn, request.match_info["id"], actor, command
             )
         outcome = "applied"
         if change is not None:

@@ -207,7 +207,7 @@ class Tables:
         """Apply one command in the caller's transaction: the result as JSON and the change
         (none for a repeat of a ``command_id``: it returns the first result, changes nothing)."""
         player = actor.identity.id if actor.identity else None
-        _check_sender(actor, cmd)
+        self.refuse_from_memory(table_id, actor, cmd)
         if player is not None:  # a spectator is refused before the lock, most often from memory
             await self._check_seated(conn, table_id, player)
         locked = await self._lock(conn, table_id, cmd.command_id, player, actor.label)
@@ -235,6 +235,16 @@ class Tables:
         return result, change
 
     # --- refusals before the row lock -------------------------------------------------------
+
+    def refuse_from_memory(self, table_id: str, actor: Actor, cmd: c.Command) -> None:
+        """The refusals that need no database at all: the wrong sender for the command, and
+        a spectator at a table whose full seating is remembered (a flood from one costs no
+        connection)."""
+        _check_sender(actor, cmd)
+        seating = self.seatings.get(table_id)
+        person = actor.identity.id if actor.identity is not None else None
+        if seating is not None and person is not None and person not in seating.people:
+            raise Refused(403, "not_seated", "spectators watch and do not play", "R10.1")
 
     async def seating(self, conn: Conn, table_id: str) -> store.Seating:
         """A table's seating: remembered if full, else read without a lock (404 if none)."""

@@ -81,6 +81,9 @@ def refusal_of(exc: Exception) -> Refusal | None:
         return 401, ErrorDetail(code="unauthorized", message=str(exc)), {}
     if isinstance(exc, msgspec.ValidationError):
         return 400, ErrorDetail(code="invalid_request", message=str(exc)), {}
+    if isinstance(exc, RecursionError):  # msgspec's decoders, on JSON nested ~1000 deep
+        detail = ErrorDetail(code="malformed_json", message="the JSON is nested too deeply")
+        return 400, detail, {}
     if isinstance(exc, msgspec.DecodeError):
         detail = ErrorDetail(code="malformed_json", message=f"the body is not JSON: {exc}")
         return 400, detail, {}

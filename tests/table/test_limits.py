@@ -167,3 +167,32 @@ async def test_websocket_connections_are_limited_per_identity(settings: Settings
         finally:
             for ws in sockets:
                 await ws.close()
+
+
+async def test_a_spectator_at_a_known_table_is_refused_without_a_connection(
+    settings: Settings,
+) -> None:
+    """Once a replica has seen a full table, a spectator's command is refused from memory:
+    with every connection of the pool held, it still answers 403, not 503."""
+    s = limited(settings, db_pool_size=3, db_acquire_timeout_s=0.3)
+    async with open_api(s) as api:
+        table_id, ana, bia = await api.table_for_two()
+        seat = (await api.view(table_id))["hand"]["to_act"]
+        status, body = await api.command(table_id, [ana, bia][seat], type="pass_upcard")
+        assert status == 200, body  # the replica has read the full seating under the lock
+        pool: asyncpg.Pool = app_of(api)[POOL]
+        held = []
+        try:
+            while len(held) < 3:
+                try:
+                    held.append(await pool.acquire(timeout=0.5))
+                except TimeoutError:
+                    break
+            path = f"/v1/tables/{table_id}/commands"
+            status, body, _ = await answer(api, "POST", path, api.token("Caio"), {"type": "resign"})
+            assert_error(status, body, 403, "not_seated", "R10.1")
+            status, body, _ = await answer(api, "POST", path, ana, {"type": "resign"})
+            assert_error(status, body, 503, "busy", None)  # a seated player needs the table
+        finally:
+            for conn in held:
+                await pool.release(conn)
