@@ -194,9 +194,10 @@ def frames(max_bytes: int) -> st.SearchStrategy[Frame]:
     )
 
 
-def stale(frame: Frame, version: int) -> Frame:
+def stale(frame: Frame, version: int, max_bytes: int) -> Frame:
     """The frame with every command in it made to carry an ``expected_version`` that is not
-    the table's (a seated player's frame may be a legal move otherwise)."""
+    the table's (a seated player's frame may be a legal move otherwise); one the rewrite made
+    larger than ``max_bytes`` is owed the close 1009."""
     if frame.expect_close is not None:
         return frame
     try:
@@ -207,7 +208,9 @@ def stale(frame: Frame, version: int) -> Frame:
         command = {k: v for k, v in value["command"].items() if k != "expected_version"}
         ev = value["command"].get("expected_version")
         command["expected_version"] = ev if type(ev) is int and ev != version else version + 1
-        return Frame(frame.text, as_json({**value, "command": command}, ascii_only=True))
+        payload = as_json({**value, "command": command}, ascii_only=True)
+        too_big = CLOSE_MESSAGE_TOO_BIG if len(payload) > max_bytes else None
+        return Frame(frame.text, payload, too_big)
     except (ValueError, RecursionError):  # not JSON, or too deep to be a command's
         return frame
 
@@ -312,7 +315,7 @@ def test_every_frame_is_answered_and_changes_nothing(
     @given(frame=frames(max_bytes))
     def check(frame: Frame) -> None:
         if viewer == "seated":
-            frame = stale(frame, before[0])
+            frame = stale(frame, before[0], max_bytes)
         note(f"the frame: {frame!r}")
         CASES[f"ws frames ({viewer})"] += 1
         try:
