@@ -148,6 +148,8 @@ class OutboxRelay:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if _stopping():  # a cleanup's error (a lost connection's) replaced the cancel
+                    raise asyncio.CancelledError from exc
                 self.metrics.failures.inc()
                 log.warning("outbox_relay_failed", error=repr(exc), retry_in_s=backoff)
                 await asyncio.sleep(backoff)
@@ -187,6 +189,8 @@ class OutboxRelay:
     async def _loop(self, conn: Conn) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if _stopping():  # cancelled, though something on the way swallowed it
+                raise asyncio.CancelledError
             self.wake.clear()
             began = loop.time()
             sent = await self.relay_once(conn)
@@ -266,6 +270,14 @@ class OutboxRelay:
         deleted = int(status.split()[-1])
         self.metrics.pruned.inc(deleted)
         return deleted
+
+
+def _stopping() -> bool:
+    """Whether this task was asked to stop, even if the CancelledError never reached it (a
+    library swallowed it) or an error raised while it unwound (a rollback on a lost
+    connection) took its place: the relay then stops instead of retrying for good."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _digest(exchange: str, rows: list[asyncpg.Record]) -> list[Outgoing]:

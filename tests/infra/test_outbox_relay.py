@@ -7,6 +7,7 @@ service's WebSocket hubs. And how published rows leave the outbox after their re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -314,3 +315,68 @@ async def test_a_relay_that_takes_the_lock_as_another_lets_go_does_not_publish_a
     finally:
         for conn in (gatekeeper, conn_a, conn_b):
             await conn.close()
+
+
+async def test_a_relay_whose_cancellation_was_swallowed_stops_at_its_next_turn(
+    replicas: Replicas,
+) -> None:
+    """Something the relay awaits swallows its cancellation: it stops before its next look."""
+    relay = replicas.make(poll_s=0.05)
+    turns = 0
+
+    async def swallowing(_conn: object) -> int:
+        nonlocal turns
+        turns += 1
+        if turns > 1:  # (a later cancellation goes through: a failure ends, not hangs)
+            await asyncio.sleep(60)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(60)
+        return 0
+
+    relay.relay_once = swallowing  # type: ignore[method-assign]
+    task = asyncio.create_task(relay.run())
+    try:
+        while not turns:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5.0)
+    finally:
+        task.cancel()  # on a failure, a second cancellation, which goes through
+        await asyncio.wait([task], timeout=5.0)
+    assert done == {task}, "the relay went on after its cancellation was swallowed"
+    assert task.cancelled()
+    assert turns == 1
+
+
+async def test_a_relay_whose_cancellation_turned_into_an_error_does_not_retry(
+    replicas: Replicas,
+) -> None:
+    """Cancelled mid-batch on a connection that is gone, the rollback fails and its error
+    replaces the cancellation: the relay stops instead of retrying for good."""
+    relay = replicas.make(poll_s=0.05)
+    turns = 0
+
+    async def failing_as_it_unwinds(_conn: object) -> int:
+        nonlocal turns
+        turns += 1
+        if turns > 1:
+            await asyncio.sleep(60)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise ConnectionResetError("the connection went away during the rollback") from None
+        return 0
+
+    relay.relay_once = failing_as_it_unwinds  # type: ignore[method-assign]
+    task = asyncio.create_task(relay.run())
+    try:
+        while not turns:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5.0)
+    finally:
+        task.cancel()  # on a failure, a second cancellation, which goes through
+        await asyncio.wait([task], timeout=5.0)
+    assert done == {task}, "the relay retried after its cancellation"
+    assert task.cancelled()
+    assert turns == 1
