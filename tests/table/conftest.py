@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import aiohttp
 import asyncpg
 import msgspec
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from services.table.app import create_app
@@ -108,10 +110,42 @@ def clock() -> Clock:
     return Clock()
 
 
+SHUTDOWN_BOUND_S = 15.0  # a clean shutdown takes well under a second, even on a busy machine
+
+
+def running_tasks() -> str:
+    """Every task of the loop but this one, each with its stack (for a hang's failure)."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task():
+            print(f"--- {task!r}", file=out)
+            task.print_stack(limit=12, file=out)
+    return out.getvalue()
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[TestClient]:
+    """A test client of the real app. Its shutdown must end within ``SHUTDOWN_BOUND_S``: a
+    hang is the app's bug, and fails the test naming the tasks still running (instead of a
+    pytest-timeout with only the event loop's stack)."""
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        closing = asyncio.create_task(client.close(), name="test-client-close")
+        done, _ = await asyncio.wait([closing], timeout=SHUTDOWN_BOUND_S)
+        if not done:
+            raise AssertionError(
+                f"the app's shutdown took over {SHUTDOWN_BOUND_S} s; running:\n{running_tasks()}"
+            )
+        closing.result()
+
+
 @pytest.fixture
 async def table_client(settings: Settings, clock: Clock) -> AsyncIterator[TestClient]:
     app = create_app(settings, clock=clock, shuffle=SeededShuffle(7))
-    async with TestClient(TestServer(app)) as client:
+    async with serving(app) as client:
         yield client
 
 
@@ -166,7 +200,7 @@ async def open_api(
         clock=clock or Clock(),
         shuffle=shuffle if shuffle is not None else SeededShuffle(7),
     )
-    async with TestClient(TestServer(app)) as client:
+    async with serving(app) as client:
         yield Api(client, settings)
 
 

@@ -20,7 +20,7 @@ import aiohttp
 import asyncpg
 import msgspec
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from services.table.app import create_app
 from shared.contracts import commands as c
@@ -37,6 +37,7 @@ from tests.table.conftest import (
     Tap,
     all_events,
     assert_error,
+    serving,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ async def table_client(
 ) -> AsyncIterator[TestClient]:
     """This module's app remembers its deals, so a test can replay them in the engine."""
     app = create_app(settings, clock=clock, shuffle=shuffle)
-    async with TestClient(TestServer(app)) as client:
+    async with serving(app) as client:
         yield client
 
 

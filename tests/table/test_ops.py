@@ -7,11 +7,11 @@ import asyncio
 from typing import Any
 
 import msgspec
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.table.app import RELAY, create_app
+from shared.infra import service
 from shared.infra.auth import Verifier
 from shared.infra.service import POOL
 from shared.infra.settings import Settings
@@ -23,6 +23,7 @@ from tests.table.conftest import (
     assert_error,
     open_api,
     play_to_the_end,
+    serving,
     ws_receive,
     ws_until,
 )
@@ -83,30 +84,29 @@ async def test_metrics_count_commands_and_show_the_outbox_lag(api: Api) -> None:
     assert latency == [2.0]
 
 
-async def test_a_commit_as_the_app_stops_does_not_hold_its_shutdown(settings: Settings) -> None:
+async def test_a_commit_as_the_app_stops_does_not_hold_its_shutdown(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A commit that wakes the relay in the very turn the cleanup cancels it (the last move
-    before a shutdown) holds nothing up: the relay stops and the pool closes. (The relay waited with Python 3.11's wait_for,
-    which returned the wake-up and dropped the cancellation: the cleanup waited for good.)"""
+    before a shutdown) holds nothing up: the relay stops and the pool closes. (The relay
+    waited with Python 3.11's wait_for, which returned the wake-up and dropped the
+    cancellation: the cleanup waited for good.)"""
     app = create_app(settings, clock=Clock(), shuffle=SeededShuffle(7))
+    cancel = service.cancel
 
-    async def commit_as_it_stops(app: web.Application) -> None:
-        app[RELAY].committed()  # the cleanup context cancels the relay next, in this turn
+    async def cancel_as_a_commit_wakes_the_relay(*tasks: asyncio.Task[None]) -> None:
+        if any(task.get_name() == "outbox-relay" for task in tasks):
+            app[RELAY].committed()
+        await cancel(*tasks)
 
-    app.on_cleanup.insert(0, commit_as_it_stops)
-    client = TestClient(TestServer(app))
-    await client.start_server()
-    try:
+    monkeypatch.setattr(service, "cancel", cancel_as_a_commit_wakes_the_relay)
+    async with serving(app) as client:  # fails if the shutdown takes over SHUTDOWN_BOUND_S
         api = Api(client, settings)
         ana = api.token("Ana")
         table_id = (await api.create(ana))["table_id"]
         status, body = await api.call("POST", f"/v1/tables/{table_id}/bot", ana, {"level": "tito"})
         assert status == 200, body
         await asyncio.sleep(0.3)  # the relay has published it and waits to be woken again
-    finally:
-        closing = asyncio.create_task(client.close())
-        done, _ = await asyncio.wait([closing], timeout=5.0)
-    assert done == {closing}, "the app's shutdown hung"
-    closing.result()
     assert app[POOL].is_closing()
 
 
