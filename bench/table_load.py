@@ -47,6 +47,8 @@ POOL_SIZE = int(os.environ.get("BENCH_POOL", "16"))
 PHASES = os.environ.get("BENCH_PHASES", "raw,saturated,paced,flood").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 FLOOD_PER_S = float(os.environ.get("BENCH_FLOOD_PER_S", "500"))
+# The flood rounds' players think as the site's do at their quickest (issue 16's paced round).
+FLOOD_THINK_S = float(os.environ.get("BENCH_FLOOD_THINK_S", "1.0"))
 
 
 def emit(**fields: Any) -> None:
@@ -480,20 +482,22 @@ def main() -> None:
 
 
 def flood_rounds(url: str, base: str) -> None:
-    """Paced play alone and with a non-seated identity flooding one of its tables at
-    BENCH_FLOOD_PER_S, alternating (the machine's drift hits both); the ratio of the median
-    p99s: what the flood costs the seated players."""
+    """Paced play (BENCH_FLOOD_THINK_S) alone and with a non-seated identity flooding one of
+    its tables at BENCH_FLOOD_PER_S, alternating ABBA (the machine's drift hits both); the
+    ratio of the median p99s: what the flood costs the seated players."""
     quiet: list[float] = []
     flooded: list[float] = []
     for n in range(ROUNDS):
-        for rate, p99s in ((0.0, quiet), (FLOOD_PER_S, flooded)):
-            figures = asyncio.run(published(url, uvloop.run(play(base, THINK_S, rate))))
+        pair = [(0.0, quiet), (FLOOD_PER_S, flooded)]
+        for rate, p99s in pair if n % 2 == 0 else pair[::-1]:  # ABBA: neither always first
+            figures = asyncio.run(published(url, uvloop.run(play(base, FLOOD_THINK_S, rate))))
             p99s.append(figures["command_to_opponent_ws_p99_ms"])
             emit(round=n, phase="flood" if rate else "quiet", **figures)
     emit(
         bench="flood_vs_quiet",
         rounds=ROUNDS,
         flood_per_s=FLOOD_PER_S,
+        think_s=FLOOD_THINK_S,
         quiet_p99_median_ms=statistics.median(quiet),
         flooded_p99_median_ms=statistics.median(flooded),
         p99_ratio=round(statistics.median(flooded) / statistics.median(quiet), 3),
