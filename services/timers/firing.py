@@ -143,14 +143,16 @@ class Firing:
             except Exception as exc:
                 log.warning("timer_firing_failed", error=repr(exc), retry_in_s=backoff)
                 pause, backoff = backoff, min(backoff * 2, ERROR_BACKOFF_MAX_S)
-            if pause > 0:
+            if pause > 0:  # asyncio.timeout: 3.11's wait_for can drop a cancellation
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.woken.wait(), pause)
+                    async with asyncio.timeout(pause):
+                        await self.woken.wait()
 
     async def _wait_for(self, catch_up: Callable[[], Awaitable[None]]) -> None:
         started = time.monotonic()
         try:
-            await asyncio.wait_for(catch_up(), CATCH_UP_MAX_S)
+            async with asyncio.timeout(CATCH_UP_MAX_S):
+                await catch_up()
         except Exception as exc:  # fire anyway: late is worse than a stale announcement
             log.warning("timer_catch_up_incomplete", error=repr(exc))
         log.info("timer_firing_started", catch_up_s=round(time.monotonic() - started, 3))

@@ -6,7 +6,6 @@ A service's ``create_app`` composes these; nothing here opens anything at import
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import os
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import asyncpg
 import msgspec
+import structlog
 import uvloop
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
 from aiohttp import web
@@ -26,6 +26,7 @@ from shared.infra.ops import REGISTRY, add_ops_routes
 from shared.infra.outbox import SQL_DIR, OutboxRelay, RelayMetrics
 from shared.infra.settings import Settings, env_name
 
+log = structlog.get_logger()
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 BROKER = web.AppKey("broker", AbstractRobustConnection)
@@ -51,9 +52,20 @@ def database(schema: str, migrations: Path) -> CleanupCtx:
             statement_timeout_s=settings.db_statement_timeout_s,
         )
         yield
-        await app[POOL].close()
+        await close_pool(app[POOL], settings.shutdown_grace_s)
 
     return ctx
+
+
+async def close_pool(pool: asyncpg.Pool, grace_s: float) -> None:
+    """Close a pool: wait ``grace_s`` at most for its connections to come back, then
+    terminate it (a connection a stuck task holds would hold the shutdown for good)."""
+    try:
+        async with asyncio.timeout(grace_s):
+            await pool.close()
+    except TimeoutError:
+        log.error("pool_close_timed_out", grace_s=grace_s)
+        pool.terminate()
 
 
 async def open_broker(
@@ -91,13 +103,20 @@ def relay(
     )
 
 
-async def cancel(*tasks: asyncio.Task[None]) -> None:
-    """Cancel background tasks and wait for them to end."""
+async def cancel(*tasks: asyncio.Task[None], grace_s: float = 10.0) -> None:
+    """Cancel background tasks and wait for them to end, ``grace_s`` at most: a task still
+    running then (it swallowed its cancellation) is logged, not waited for. A task's own
+    failure is raised; a cancellation of the caller is not swallowed."""
     for task in tasks:
         task.cancel()
+    if not tasks:
+        return
+    _, running = await asyncio.wait(tasks, timeout=grace_s)
+    for task in running:
+        log.error("task_ignored_its_cancellation", task=task.get_name(), grace_s=grace_s)
     for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if task.done() and not task.cancelled():
+            task.result()
 
 
 def add_health(app: web.Application, database: bool = True) -> None:
