@@ -18,9 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aio_pika
+import asyncpg
+import msgspec
 import pytest
 import requests
 
+from shared.infra import amqp
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.e2e.processes import Service
@@ -89,18 +93,49 @@ def _start(module: str, settings: Settings, log: Path) -> Running:
 
 
 @pytest.fixture(scope="session")
-def services(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+def fuzz_settings(settings: Settings) -> Iterator[Settings]:
+    """The run's settings with a database and a broker prefix of the fuzz's own: its services
+    outlive its tests, and a table service on the run's database would relay the other tests'
+    outbox rows to its own exchanges, and consume their expire commands with its own clock."""
+    base, _, name = settings.database_url.rpartition("/")
+    own = msgspec.structs.replace(
+        settings, database_url=f"{base}/{name}_fuzz", prefix=f"{settings.prefix}fuzz."
+    )
+
+    async def run(sql: str) -> None:
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run(f'CREATE DATABASE "{name}_fuzz"'))
+    yield own
+
+    async def cleanup() -> None:
+        await run(f'DROP DATABASE IF EXISTS "{name}_fuzz" WITH (FORCE)')
+        connection = await aio_pika.connect(own.amqp_url)
+        async with connection:
+            await amqp.delete_topology(await connection.channel(), own.prefix)
+
+    asyncio.run(cleanup())
+
+
+@pytest.fixture(scope="session")
+def services(
+    fuzz_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Services]:
     """``python -m services.table`` and ``python -m services.chat``, ready."""
     logs = tmp_path_factory.mktemp("fuzz-services")
-    table = _start("services.table", settings, logs / "table.log")
-    chat = _start("services.chat", settings, logs / "chat.log")
+    table = _start("services.table", fuzz_settings, logs / "table.log")
+    chat = _start("services.chat", fuzz_settings, logs / "chat.log")
     try:
 
         async def ready() -> None:
             await asyncio.gather(table.service.ready(), chat.service.ready())
 
         asyncio.run(ready())
-        yield Services(table=table, chat=chat, settings=settings)
+        yield Services(table=table, chat=chat, settings=fuzz_settings)
     finally:
         table.service.stop()
         chat.service.stop()

@@ -20,6 +20,7 @@ from shared.contracts.names import BOTS_EXCHANGE, EVENTS_EXCHANGE, SOCKETS_EXCHA
 from shared.infra import amqp, db
 from shared.infra.outbox import NOTIFY_CHANNEL, SQL_DIR, OutboxRelay, RelayMetrics
 from shared.infra.settings import Settings
+from tests.infra.cancelling import stops_when_cancelled
 from tests.table.conftest import Tap
 
 POLL_S = 60.0  # long enough that a publish within seconds was a wake-up, not a poll
@@ -240,11 +241,9 @@ async def test_a_relay_woken_as_it_is_cancelled_still_stops(replicas: Replicas) 
     task = asyncio.create_task(relay.run())
     await asyncio.sleep(0.3)  # past its first look: waiting to be woken
     assert not task.done()
-    relay.wake.set()  # committed()'s in-process wake-up, without its NOTIFY
-    task.cancel()
-    done, _ = await asyncio.wait([task], timeout=5.0)
-    assert done == {task}, "the relay did not stop when cancelled"
-    assert task.cancelled()
+    # committed()'s in-process wake-up (without its NOTIFY), in the turn of the cancel
+    stopped = await stops_when_cancelled(task, just_before=relay.wake.set)
+    assert stopped, "the relay did not stop when cancelled"
 
 
 async def test_a_closed_relay_sends_no_more_notifies(replicas: Replicas) -> None:
@@ -335,16 +334,8 @@ async def test_a_relay_whose_cancellation_was_swallowed_stops_at_its_next_turn(
 
     relay.relay_once = swallowing  # type: ignore[method-assign]
     task = asyncio.create_task(relay.run())
-    try:
-        while not turns:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        done, _ = await asyncio.wait([task], timeout=5.0)
-    finally:
-        task.cancel()  # on a failure, a second cancellation, which goes through
-        await asyncio.wait([task], timeout=5.0)
-    assert done == {task}, "the relay went on after its cancellation was swallowed"
-    assert task.cancelled()
+    stopped = await stops_when_cancelled(task, lambda: turns > 0)
+    assert stopped, "the relay went on after its cancellation was swallowed"
     assert turns == 1
 
 
@@ -369,14 +360,5 @@ async def test_a_relay_whose_cancellation_turned_into_an_error_does_not_retry(
 
     relay.relay_once = failing_as_it_unwinds  # type: ignore[method-assign]
     task = asyncio.create_task(relay.run())
-    try:
-        while not turns:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        done, _ = await asyncio.wait([task], timeout=5.0)
-    finally:
-        task.cancel()  # on a failure, a second cancellation, which goes through
-        await asyncio.wait([task], timeout=5.0)
-    assert done == {task}, "the relay retried after its cancellation"
-    assert task.cancelled()
+    assert await stops_when_cancelled(task, lambda: turns > 0), "it retried after the cancel"
     assert turns == 1

@@ -16,6 +16,7 @@ from services.timers.firing import Firing
 from services.timers.metrics import TimerMetrics
 from shared.infra import db, service
 from shared.infra.settings import Settings
+from tests.infra.cancelling import stops_when_cancelled
 
 
 async def test_cancel_waits_for_its_tasks_and_raises_their_own_failure() -> None:
@@ -129,13 +130,6 @@ async def test_the_timers_firing_woken_as_it_is_cancelled_still_stops() -> None:
 
     firing.step = nothing_due  # type: ignore[method-assign]
     task = asyncio.create_task(firing.run())
-    try:
-        await asyncio.sleep(0.05)  # waiting for a wake-up
-        firing.wake()
-        task.cancel()
-        done, _ = await asyncio.wait([task], timeout=5.0)
-    finally:
-        task.cancel()  # on a failure, a second cancellation, which goes through
-        await asyncio.wait([task], timeout=5.0)
-    assert done == {task}, "the firing loop went on after its cancellation"
-    assert task.cancelled()
+    await asyncio.sleep(0.05)  # waiting for a wake-up
+    stopped = await stops_when_cancelled(task, just_before=firing.wake)
+    assert stopped, "the firing loop went on after its cancellation"
