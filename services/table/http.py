@@ -43,8 +43,8 @@ log = structlog.get_logger()
 T = TypeVar("T")
 
 TABLES = web.AppKey("tables", Tables)
-# Called with each committed change: the relay is told, and the WebSocket hub delivers it to
-# this replica's clients.
+# Called with each committed change: the relay is woken and the WebSocket hub is handed it
+# (delivered after the answer); it never raises, so a committed command never answers an error.
 Committed = Callable[[Change], Awaitable[None]]
 SitDown = Callable[[Tables, Conn, str, Identity], Awaitable[tuple[CommandResult, Change]]]
 COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
