@@ -207,7 +207,7 @@ class Tables:
         """Apply one command in the caller's transaction: the result as JSON and the change
         (none for a repeat of a ``command_id``: it returns the first result, changes nothing)."""
         player = actor.identity.id if actor.identity else None
-        self.refuse_from_memory(table_id, actor, cmd)
+        _check_sender(actor, cmd)
         if player is not None:  # a spectator is refused before the lock, most often from memory
             await self._check_seated(conn, table_id, player)
         locked = await self._lock(conn, table_id, cmd.command_id, player, actor.label)
@@ -257,13 +257,9 @@ class Tables:
         return seating
 
     async def _check_seated(self, conn: Conn, table_id: str, player: str) -> None:
-        seating = await self.seating(conn, table_id)
-        if player in seating.people:
-            return
-        if not seating.full:  # they may have just joined, at another replica: look again
-            self.seatings.pop(table_id, None)
-            seating = await self.seating(conn, table_id)
-        if player not in seating.people:
+        # A seating not full is never remembered, so it was just read: a join made at another
+        # replica a moment ago is in it.
+        if player not in (await self.seating(conn, table_id)).people:
             raise Refused(403, "not_seated", "spectators watch and do not play", "R10.1")
 
     @staticmethod
@@ -275,6 +271,9 @@ class Tables:
 
     def _remember(self, row: TableRow) -> store.Seating:
         """The seating of a row read under the lock (so committed); kept once full."""
+        known = self.seatings.get(row.table_id)
+        if known is not None:  # full, so the row's seating is this one (R10.1)
+            return known
         seating = store.seating_of(row.invite_code, row.creator_id, row.seats)
         self._keep(row.table_id, seating)
         return seating

@@ -47,7 +47,6 @@ from shared.contracts.names import EVENTS_EXCHANGE, SOCKETS_EXCHANGE
 from shared.contracts.views import TableView
 from shared.infra.auth import AuthError, Identity
 from shared.infra.service import POOL, SETTINGS
-from shared.infra.web import Refused
 
 log = structlog.get_logger()
 _json = msgspec.json.Encoder()
@@ -542,9 +541,10 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     identity = identity_of(request, required=False, query_token=True)
     if identity is not None:  # watchers without a token are many and nameless: not counted
         limit(request, "sockets", identity)
-    async with request.app[POOL].acquire() as conn:
-        if await store.read_table(conn, table_id) is None:
-            raise Refused(404, "no_such_table", "there is no such table")
+    tables = request.app[TABLES]
+    if table_id not in tables.seatings:  # a table this replica has seen full exists for good
+        async with request.app[POOL].acquire() as conn:
+            await tables.seating(conn, table_id)  # 404 if there is none
     settings = request.app[SETTINGS]
     # Past max_msg_size aiohttp closes the socket with 1009 (CLOSE_MESSAGE_TOO_BIG).
     ws = web.WebSocketResponse(

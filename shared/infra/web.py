@@ -99,7 +99,7 @@ def unavailable_of(exc: BaseException) -> Refusal | None:
     if isinstance(exc, db.PoolExhausted):
         log.warning("database_pool_exhausted")
         return _unavailable("busy", "the service is busy: try again shortly", 1)
-    state = exc.sqlstate or "" if isinstance(exc, asyncpg.PostgresError) else ""
+    state = (exc.sqlstate or "") if isinstance(exc, asyncpg.PostgresError) else ""
     if state == QUERY_CANCELED:  # the statement timeout: waiting behind a lock, say
         log.warning("database_statement_timeout", error=str(exc))
         return _unavailable("busy", "the service is busy: try again shortly", 1)

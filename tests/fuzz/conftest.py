@@ -20,6 +20,7 @@ from typing import Any
 
 import aio_pika
 import asyncpg
+import hypothesis
 import msgspec
 import pytest
 import requests
@@ -215,6 +216,20 @@ class World:
     def state(self, table_id: str) -> tuple[int, int, int]:
         """The table's version, its number of events and its last chat message."""
         return (*self.table_state(table_id), self.chat_state(table_id))
+
+
+def examples(max_examples: int) -> hypothesis.settings:
+    """Hypothesis settings of a fuzz loop: deterministic (a red run replays anywhere), no
+    deadline (a real service answers), large and slow examples allowed."""
+    return hypothesis.settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[
+            hypothesis.HealthCheck.too_slow,
+            hypothesis.HealthCheck.data_too_large,
+        ],
+    )
 
 
 def assert_error_shape(status: int, body: bytes) -> None:

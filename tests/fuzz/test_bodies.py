@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note
 from hypothesis import strategies as st
 
-from tests.fuzz.conftest import CASES, Services, World, assert_error_shape
+from tests.fuzz.conftest import CASES, Services, World, assert_error_shape, examples
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 BODIES = int(os.environ.get("GIN_FUZZ_BODIES", "60"))
@@ -103,12 +103,7 @@ def test_hostile_bodies_are_refused_clearly(
     max_bytes = services.settings.max_body_bytes
     before = world.state(world.seated)
 
-    @settings(
-        max_examples=BODIES,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @examples(BODIES)
     @given(body=bodies(max_bytes))
     def check(body: tuple[bytes, bool]) -> None:
         data, too_large = body

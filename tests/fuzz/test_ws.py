@@ -25,16 +25,23 @@ from typing import Any, get_args
 import aiohttp
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note
 from hypothesis import strategies as st
 
+from services.table.ws import CLOSE_MESSAGE_TOO_BIG
 from shared.contracts.commands import AnyCommand
 from shared.engine import CARDS
-from tests.fuzz.conftest import ANSWERS, CASES, Services, World, assert_error_shape
+from tests.fuzz.conftest import (
+    ANSWERS,
+    CASES,
+    Services,
+    World,
+    assert_error_shape,
+    examples,
+)
 
 FRAMES = int(os.environ.get("GIN_FUZZ_FRAMES", "300"))
 ANSWER_WITHIN_S = 2.0
-CLOSE_MESSAGE_TOO_BIG = 1009
 CLOSE_INVALID_TEXT = 1007
 TAGS = [t.__struct_config__.tag for t in get_args(AnyCommand)]
 FIELDS = ["command_id", "expected_version", "source", "card", "melds", "deadwood"]
@@ -306,12 +313,7 @@ def test_every_frame_is_answered_and_changes_nothing(
     before = world.table_state(world.seated)
     socket = viewers.sockets[viewer]
 
-    @settings(
-        max_examples=FRAMES,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @examples(FRAMES)
     @given(frame=frames(max_bytes))
     def check(frame: Frame) -> None:
         if viewer == "seated":
