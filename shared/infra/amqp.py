@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
-from typing import NamedTuple
-
 import aio_pika
-import aiormq
-import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
-from pamqp.body import ContentBody
-from pamqp.commands import Basic
-from pamqp.header import ContentHeader
 
 from shared.contracts.events import BotLevel
 from shared.contracts.names import (
@@ -24,6 +15,8 @@ from shared.contracts.names import (
     bot_key,
     bot_queue,
 )
+from shared.infra.internals import Outgoing as Outgoing
+from shared.infra.internals import publish_confirmed as publish_confirmed
 
 BOT_LEVELS: tuple[BotLevel, ...] = ("tito", "carmen", "luna")
 
@@ -82,61 +75,3 @@ async def delete_topology(channel: AbstractChannel, prefix: str) -> None:
         await channel.queue_delete(prefix + queue)
     for exchange in (EVENTS_EXCHANGE, BOTS_EXCHANGE, SOCKETS_EXCHANGE, DEAD_LETTER):
         await channel.exchange_delete(prefix + exchange)
-
-
-class Outgoing(NamedTuple):
-    """One message of a batch for ``publish_confirmed``."""
-
-    exchange: str
-    routing_key: str
-    body: bytes
-    properties: Basic.Properties
-
-
-async def publish_confirmed(
-    channel: aiormq.abc.AbstractChannel, messages: Sequence[Outgoing]
-) -> None:
-    """Publish messages in order on a channel with publisher confirms, in one socket write,
-    and return once the broker confirmed every one (``aiormq.exceptions.DeliveryError`` on a
-    nack; the channel's error if it closes first). The caller sets the timeout.
-
-    aiormq's ``basic_publish`` takes the channel's lock and waits for the socket write for
-    each message, so a batch went out one message per event-loop turn: a busy table service
-    relayed some 120 events/s while it committed 800 moves/s, at ~155 us of CPU each. This
-    keeps aiormq's own books (delivery tags, confirmation futures, the writer's queue) under
-    the same lock, once per batch, so it mixes with ``basic_publish`` on one channel. It
-    relies on aiormq 7.2's channel internals; tests/infra/test_publish_confirmed.py holds
-    them to it (order, confirms, a nack, a body split into frames, tags in step).
-    """
-    if not isinstance(channel, aiormq.Channel):
-        raise TypeError(f"publish_confirmed needs an aiormq.Channel, not {channel!r}")
-    if not messages:
-        return
-    confirmations: list[asyncio.Future[object]] = []
-    async with channel.lock:
-        before = channel.delivery_tag
-        size = channel.max_content_size
-        frames: list[Basic.Publish | ContentHeader | ContentBody] = []
-        for message in messages:
-            channel.delivery_tag += 1
-            confirmation = channel.create_future()
-            channel.confirmations[channel.delivery_tag] = confirmation
-            confirmations.append(confirmation)
-            body = message.body
-            frames.append(Basic.Publish(exchange=message.exchange, routing_key=message.routing_key))
-            frames.append(ContentHeader(properties=message.properties, body_size=len(body)))
-            frames += (ContentBody(body[i : i + size]) for i in range(0, len(body), size))
-        written = channel.create_future()
-        try:
-            await channel.write_queue.put(
-                aiormq.abc.ChannelFrame.marshall(channel.number, frames, written)
-            )
-        except BaseException:  # nothing went out: the broker must not miss the tags
-            for tag in range(before + 1, channel.delivery_tag + 1):
-                channel.confirmations.pop(tag, None)
-            channel.delivery_tag = before
-            for confirmation in confirmations:
-                confirmation.cancel()
-            raise
-        await written
-    await asyncio.gather(*confirmations)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import structlog
 from asyncpg.pool import PoolConnectionProxy
+
+from shared.infra.internals import FairPool as FairPool
+from shared.infra.internals import PoolExhausted as PoolExhausted
 
 log = structlog.get_logger()
 
@@ -26,46 +27,6 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.PostgresError):
         return (exc.sqlstate or "")[:2] in TRANSIENT_SQLSTATE_CLASSES
     return isinstance(exc, OSError | asyncpg.InterfaceError)
-
-
-class PoolExhausted(TimeoutError):
-    """Every connection stayed busy for the whole acquire timeout."""
-
-
-class FairPool(asyncpg.Pool):
-    """asyncpg's pool, handing connections out first come, first served.
-
-    asyncpg's pool is an asyncio.Queue of connections, and a queue lets a newcomer take an
-    item put back for a waiter that has not run yet; the waiter then goes to the back of the
-    line. A saturated table service starved some players that way (in one 20 s round, 60
-    moves for one match and 137 for another). A semaphore as large as the pool, which wakes
-    its waiters in order and lets no one past them, now decides who gets the next connection.
-    """
-
-    def __init__(self, *args: Any, acquire_timeout_s: float | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._turns = asyncio.Semaphore(kwargs["max_size"])
-        self._acquire_timeout_s = acquire_timeout_s
-
-    async def _acquire(self, timeout: float | None) -> Any:  # noqa: ASYNC109 (asyncpg.Pool's)
-        """A connection in turn; PoolExhausted when none came within the timeout (the
-        caller's, else the pool's): a request then answers 503 instead of waiting unbounded."""
-        try:
-            async with asyncio.timeout(timeout or self._acquire_timeout_s):
-                await self._turns.acquire()
-                try:
-                    return await super()._acquire(None)  # type: ignore[misc]
-                except BaseException:
-                    self._turns.release()
-                    raise
-        except TimeoutError as exc:
-            raise PoolExhausted("no database connection came free in time") from exc
-
-    async def release(self, connection: Any, *, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        try:
-            await super().release(connection, timeout=timeout)
-        finally:
-            self._turns.release()
 
 
 async def create_pool(

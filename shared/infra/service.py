@@ -21,6 +21,7 @@ from aiohttp import web
 
 from shared.infra import amqp, db
 from shared.infra.auth import UnsafeTokenSettings, check_token_settings
+from shared.infra.internals import UntestedVersion, check_versions
 from shared.infra.logs import configure
 from shared.infra.ops import REGISTRY, add_ops_routes
 from shared.infra.outbox import SQL_DIR, OutboxRelay, RelayMetrics
@@ -145,7 +146,9 @@ def main(
     """Run a service until SIGTERM or SIGINT, then drain; ``migrate`` as the only argument
     applies its migrations and exits. ``default_port`` applies when GIN_HTTP_PORT is unset.
     A service that ``verifies_tokens`` exits at once (one line, status 1) with settings it
-    must not verify them with (``auth.check_token_settings``)."""
+    must not verify them with (``auth.check_token_settings``); every service exits so on a
+    library version ``internals`` was not tested with."""
+    refuse_untested_versions()
     settings = Settings.from_env()
     if default_port is not None and env_name("http_port") not in os.environ:
         settings = msgspec.structs.replace(settings, http_port=default_port)
@@ -167,6 +170,15 @@ def main(
         shutdown_timeout=settings.shutdown_grace_s,
         print=None,
     )
+
+
+def refuse_untested_versions() -> None:
+    """Exit with one line when asyncpg or aiormq is at a version whose internals
+    (``shared/infra/internals.py``) were not tested."""
+    try:
+        check_versions()
+    except UntestedVersion as exc:
+        sys.exit(f"refusing to start: {exc}")
 
 
 def refuse_unsafe_token_settings(settings: Settings) -> None:
