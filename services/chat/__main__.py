@@ -1,6 +1,6 @@
 """``python -m services.chat``: run the chat service (``migrate`` to only migrate).
 
-It answers on ``GIN_HTTP_PORT``, or on 8081 when that is not set (DESIGN.md section 6: the
+It answers on ``GIN_HTTP_PORT``, or on 8081 when that is not set (docs/DESIGN.md section 6: the
 table service has 8080).
 """
 

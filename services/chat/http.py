@@ -1,4 +1,4 @@
-"""The chat service's v1 HTTP API (DESIGN.md section 7): two routes, one error shape."""
+"""The chat service's v1 HTTP API (docs/DESIGN.md section 7): two routes, one error shape."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The v1 HTTP API of the table service (DESIGN.md section 7): small handlers, one error shape."""
+"""The v1 HTTP API of the table service (docs/DESIGN.md section 7): small handlers, one error
+shape."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A table's deadlines after one of its public events (RULES.md R10.2, R10.3). Pure.
+"""A table's deadlines after one of its public events (docs/RULES.md R10.2, R10.3). Pure.
 
 The timer service reads no other service's tables, so it follows the turn from the events:
 after ``hand_started`` the non-dealer decides (the upcard); after ``upcard_passed`` or

@@ -1,4 +1,4 @@
-"""Bodies of the v1 HTTP and WebSocket API (DESIGN.md section 7) and of the work queues."""
+"""Bodies of the v1 HTTP and WebSocket API (docs/DESIGN.md section 7) and of the work queues."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class CommandResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
-    """What was refused and why; ``rule`` names the rule of RULES.md when there is one."""
+    """What was refused and why; ``rule`` names the rule of docs/RULES.md when there is one."""
 
     code: str
     message: str

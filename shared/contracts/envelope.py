@@ -1,4 +1,4 @@
-"""The envelope every published event travels in (DESIGN.md section 3)."""
+"""The envelope every published event travels in (docs/DESIGN.md section 3)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Events: what happened at a table, in the past tense. One Struct per event type.
 
 These are the ``data`` of the envelope (``envelope.py``) and are public: no event carries a
-card hidden from anyone at that moment (RULES.md section 11) until the hand-end reveal.
+card hidden from anyone at that moment (docs/RULES.md section 11) until the hand-end reveal.
 New fields get defaults; a field's type never changes.
 """
 

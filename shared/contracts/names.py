@@ -1,4 +1,4 @@
-"""Exchange, queue and routing-key names (DESIGN.md section 3), with the deployment prefix."""
+"""Exchange, queue and routing-key names (docs/DESIGN.md section 3), with the deployment prefix."""
 
 from __future__ import annotations
 

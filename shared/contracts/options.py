@@ -1,4 +1,4 @@
-"""Table options (RULES.md R9.5): fixed when a table is created and shown to everyone."""
+"""Table options (docs/RULES.md R9.5): fixed when a table is created and shown to everyone."""
 
 from __future__ import annotations
 

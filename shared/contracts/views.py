@@ -1,4 +1,4 @@
-"""Views: what one seat, or a spectator, may see of a table (RULES.md section 11).
+"""Views: what one seat, or a spectator, may see of a table (docs/RULES.md section 11).
 
 The engine builds ``MatchView`` and ``HandView`` from its state; the table service wraps them
 in a ``TableView``. A spectator's view has no ``my_*`` fields and no ``legal``.
@@ -65,7 +65,7 @@ class MatchView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class TableView(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the caller may see of a table now (DESIGN.md section 7)."""
+    """Everything the caller may see of a table now (docs/DESIGN.md section 7)."""
 
     table_id: str
     version: int

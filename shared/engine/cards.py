@@ -1,4 +1,4 @@
-"""Cards, their text form and point values (RULES.md section 1).
+"""Cards, their text form and point values (docs/RULES.md section 1).
 
 A card is an int from 0 to 51: ``suit * 13 + rank`` with rank 0 for the ace up to 12 for the
 king and suits in the order c d h s. Sets of cards are 52-bit masks (bit ``card``), so the

@@ -1,4 +1,4 @@
-"""The match as a state machine: deal, apply a command, and nothing else (RULES.md 3 to 10).
+"""The match as a state machine: deal, apply a command, and nothing else (docs/RULES.md 3 to 10).
 
 ``apply(state, seat, command, timing) -> (state, events)`` checks the command and either
 raises ``IllegalAction`` (naming the rule) or returns the new state and the public events.

@@ -1,4 +1,4 @@
-"""Layoffs: the defender's best answer to a knock (RULES.md R7.1 to R7.3).
+"""Layoffs: the defender's best answer to a knock (docs/RULES.md R7.1 to R7.3).
 
 Each of the knocker's melds offers a few ways to be extended by the defender's cards: the
 fourth card of a set; a chain down from a run's lowest card and a chain up from its highest.

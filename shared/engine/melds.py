@@ -1,4 +1,4 @@
-"""Melds, deadwood and the best arrangement of a hand (RULES.md section 2, R2.5, R6.4, R6.5).
+"""Melds, deadwood and the best arrangement of a hand (docs/RULES.md section 2, R2.5, R6.4, R6.5).
 
 The search works on 52-bit masks. Once the sets are chosen, the best runs of what is left are
 forced: in each suit every card of a stretch of three or more consecutive ranks is melded

@@ -1,4 +1,4 @@
-"""Scoring a hand's end and a match's final tally (RULES.md R7.5 to R7.9, R9.1, R9.2)."""
+"""Scoring a hand's end and a match's final tally (docs/RULES.md R7.5 to R7.9, R9.1, R9.2)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ STOCK_START = 21  # 20 dealt cards and the upcard come first in the deck order
 
 
 class Timing(msgspec.Struct, frozen=True):
-    """The time of an action and the two durations of RULES.md R10.2 and R10.3, in seconds."""
+    """The time of an action and the two durations of docs/RULES.md R10.2 and R10.3, in seconds."""
 
     now: float
     absence_after: float = 48 * 3600.0

@@ -1,4 +1,4 @@
-"""What one seat, or a spectator, may see of a game (RULES.md section 11), and ``legal``.
+"""What one seat, or a spectator, may see of a game (docs/RULES.md section 11), and ``legal``.
 
 Built only from the state, and only from the parts the viewer may know: a seat sees its own
 cards, a spectator none; both see the discard pile, counts, and the cards each seat took from

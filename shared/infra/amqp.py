@@ -1,4 +1,4 @@
-"""RabbitMQ: the connection and the topology every service relies on (DESIGN.md section 3)."""
+"""RabbitMQ: the connection and the topology every service relies on (docs/DESIGN.md section 3)."""
 
 from __future__ import annotations
 

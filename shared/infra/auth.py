@@ -1,5 +1,5 @@
 """Identity: HS256 bearer tokens signed by the site, with ``sub``, ``name`` and ``exp``
-(DESIGN.md 4).
+(docs/DESIGN.md 4).
 
 A service builds one ``Verifier`` from its settings and asks it about every token; the
 settings themselves are checked before the service starts (``check_token_settings``).

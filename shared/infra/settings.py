@@ -1,4 +1,4 @@
-"""Settings from the environment: every field ``x`` is read from ``GIN_X`` (DESIGN.md 6).
+"""Settings from the environment: every field ``x`` is read from ``GIN_X`` (docs/DESIGN.md 6).
 
 One Struct for every service, so the deployment manifests can be checked against it.
 """

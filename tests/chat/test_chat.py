@@ -1,4 +1,4 @@
-"""The chat of a table (R10.5, DESIGN.md section 7) against the real chat and table services:
+"""The chat of a table (R10.5, docs/DESIGN.md section 7) against the real chat and table services:
 who writes, who reads, every limit, the history's pages, and a closed table's chat."""
 
 from __future__ import annotations

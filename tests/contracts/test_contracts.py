@@ -1,9 +1,9 @@
 """Contract tests of ``shared/contracts``: the wire format every service and client relies on.
 
 Every command and event round-trips through msgspec JSON, alone and inside the envelope
-(DESIGN.md section 3); tags are unique; every event type the design names exists; payloads
+(docs/DESIGN.md section 3); tags are unique; every event type the design names exists; payloads
 written by an older producer still decode, and an unknown extra field in an event is tolerated;
-commands and table options refuse what they must (RULES.md R9.5).
+commands and table options refuse what they must (docs/RULES.md R9.5).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from shared.contracts.options import StrictTableOptions, TableOptions
 COMMAND_TYPES: list[type[msgspec.Struct]] = list(c.AnyCommand.__args__)
 EVENT_TYPES: list[type[msgspec.Struct]] = list(e.AnyEvent.__args__)
 
-# DESIGN.md section 3: "The event types cover the whole game: ..."
+# docs/DESIGN.md section 3: "The event types cover the whole game: ..."
 DESIGN_EVENT_TYPES = [
     "table_created",
     "seat_taken",
@@ -46,7 +46,7 @@ DESIGN_EVENT_TYPES = [
     "table_closed",
     "message_posted",
 ]
-# DESIGN.md section 7: "Command types: ..."
+# docs/DESIGN.md section 7: "Command types: ..."
 DESIGN_COMMAND_TYPES = [
     "take_upcard",
     "pass_upcard",

@@ -1,4 +1,4 @@
-"""Cards, melds, deadwood and the best arrangement: RULES.md sections 1 and 2 (and R6.5)."""
+"""Cards, melds, deadwood and the best arrangement: docs/RULES.md sections 1 and 2 (and R6.5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A hand from deal to end: RULES.md sections 3 to 6 and 8."""
+"""A hand from deal to end: docs/RULES.md sections 3 to 6 and 8."""
 
 from __future__ import annotations
 

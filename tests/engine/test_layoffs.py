@@ -1,4 +1,4 @@
-"""Layoffs: RULES.md R7.1 to R7.4, and the layoff vectors of section 12."""
+"""Layoffs: docs/RULES.md R7.1 to R7.4, and the layoff vectors of section 12."""
 
 from __future__ import annotations
 

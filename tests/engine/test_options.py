@@ -1,4 +1,4 @@
-"""Table options: RULES.md R9.5, and the knock limits they set (R6.0)."""
+"""Table options: docs/RULES.md R9.5, and the knock limits they set (R6.0)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Property tests of the engine against independent, obviously-correct references.
 
 The references here share no code with ``shared/engine``: they enumerate every meld a hand
-holds and search every disjoint combination (RULES.md R2.1 to R2.4), and every sequence of
+holds and search every disjoint combination (docs/RULES.md R2.1 to R2.4), and every sequence of
 layoffs a defender could make (R7.1, R7.2). The engine's fast searches must agree with them on
 random hands, on hands where mistakes hide (low cards, few ranks, near-melds), and all through
 seeded random matches, where the bookkeeping (R3, R5, R8, R9), ``legal`` and the views
@@ -48,7 +48,7 @@ from shared.engine import (
     view,
 )
 
-# --- an independent model of the cards (RULES.md section 1) ------------------------------
+# --- an independent model of the cards (docs/RULES.md section 1) ------------------------------
 
 RANK_TEXT = "A23456789TJQK"
 SUIT_TEXT = "cdhs"

@@ -1,4 +1,4 @@
-"""Scoring a hand and the match: RULES.md R7.5 to R7.9, section 9, and R10.2 / R10.3 timing."""
+"""Scoring a hand and the match: docs/RULES.md R7.5 to R7.9, section 9, and R10.2 / R10.3 timing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Who sees what, and what each seat may do: RULES.md section 11 and ``legal``."""
+"""Who sees what, and what each seat may do: docs/RULES.md section 11 and ``legal``."""
 
 from __future__ import annotations
 

@@ -205,7 +205,7 @@ async def open_api(
 
 
 def assert_error(status: int, body: Any, expected_status: int, code: str, rule: str | None) -> None:
-    """The one error shape (DESIGN.md section 2) with this status, code and rule."""
+    """The one error shape (docs/DESIGN.md section 2) with this status, code and rule."""
     assert status == expected_status, body
     assert isinstance(body, dict)
     assert list(body) == ["error"], body

@@ -1,4 +1,4 @@
-"""Refused requests: the right 4xx, the one error shape, and nothing changed (DESIGN.md 2).
+"""Refused requests: the right 4xx, the one error shape, and nothing changed (docs/DESIGN.md 2).
 
 Every hand here is dealt from one crafted deck (lot 0: Ana, seat 0, deals; Bia, seat 1, is the
 non-dealer and decides first). Bia holds 4d 4h 4s, 7h 8h 9h Th, As 5s Kd; the upcard is 5c.

@@ -1,5 +1,5 @@
 """Commands at once: retries of one command, many different commands on one table, and two
-service processes on one database (DESIGN.md section 2: one locked transaction per command,
+service processes on one database (docs/DESIGN.md section 2: one locked transaction per command,
 gap-free seqs, every committed event published once, in order)."""
 
 from __future__ import annotations

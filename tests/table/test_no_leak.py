@@ -1,4 +1,4 @@
-"""Who sees what (RULES.md section 11): nothing a spectator or the other seat receives holds a
+"""Who sees what (docs/RULES.md section 11): nothing a spectator or the other seat receives holds a
 card hidden from them at that moment, on any channel.
 
 Hidden at a moment: the cards of a seat's hand except those it took from the discard pile

@@ -1,4 +1,4 @@
-"""The table WebSocket (DESIGN.md section 7): a snapshot, then every event once, in order, with
+"""The table WebSocket (docs/DESIGN.md section 7): a snapshot, then every event once, in order, with
 the viewer's view; commands from a seated client; catching up after a reconnect."""
 
 from __future__ import annotations
