@@ -23,6 +23,7 @@ from shared.contracts.names import (
     COMMANDS_QUEUE,
     DEAD_LETTER,
     EVENTS_EXCHANGE,
+    HISTORY_STREAM,
     bot_key,
     chat_key,
     table_event_key,
@@ -45,12 +46,23 @@ seats' turns (`{BOTS_EXCHANGE}`, private: only the bots' broker user reads them)
 commands of bots and timers (the queue `{COMMANDS_QUEUE}`, which only the bots' and timers'
 broker users may write).
 
-Every event travels in an envelope (JSON): `id` (UUID), `type`, `table_id`, `seq` (per table,
-gap-free), `occurred_at` (UTC, RFC 3339), `schema_version` and `data`. Delivery is at least
-once: consumers dedupe on `(table_id, seq)` or on `id`. Public events carry no hidden card until
-the hand-end reveal. A deployment may put a prefix before every exchange and queue name
-(`GIN_PREFIX`). Messages no consumer could handle go to the dead-letter exchange and queue
-`{DEAD_LETTER}`. Generated from shared/contracts by `make asyncapi`: do not edit by hand.
+Every event travels in an envelope (JSON): `id` (UUID), `type`, `table_id`, `stream`, `seq`,
+`version` (table events: the table's version after the command), `occurred_at` (UTC, RFC 3339),
+`schema_version` and `data`. Identity: `id` is unique, and `(stream, table_id, seq)` is the
+event's position, never reused: each table has a `table` stream (its event log), a `chat` stream
+(its messages) and a `timer` stream (the timer service's announcements), each numbered from 1
+without gaps, in order within a stream (never across). Delivery is at least once: consumers
+dedupe on `id` or on the position. Public events carry no hidden card until the hand-end reveal.
+
+Compatibility: within a `schema_version`, changes are additive only (new event types, new
+fields with defaults; a field's type and an enum's values never change). Consumers skip (and
+acknowledge) event types they do not know and ignore fields they do not know. Every event kept
+(about 7 days) is readable from the stream queue `{HISTORY_STREAM}`, from its first kept event
+or from a timestamp (docs/subscribing.md).
+
+A deployment may put a prefix before every exchange and queue name (`GIN_PREFIX`). Messages no
+consumer could handle go to the dead-letter exchange and queue `{DEAD_LETTER}`. Generated from
+shared/contracts by `make asyncapi`: do not edit by hand.
 """
 
 

@@ -43,6 +43,7 @@ def envelope_of(message: StoredMessage) -> Envelope:
         id=message.event_id,
         type="message_posted",
         table_id=message.table_id,
+        stream="chat",
         seq=message.seq,
         occurred_at=message.posted_at.astimezone(UTC),
         data=MessagePosted(

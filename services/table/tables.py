@@ -29,6 +29,7 @@ from shared.contracts.events import (
     SeatTaken,
     TableClosed,
     TableCreated,
+    TableExpired,
 )
 from shared.contracts.names import BOTS_EXCHANGE, EVENTS_EXCHANGE, bot_key, table_event_key
 from shared.contracts.options import TableOptions
@@ -327,7 +328,7 @@ class Tables:
             if timing.now - row.last_move_at.timestamp() < timing.expiry_after:
                 raise IllegalAction("not_expired", "the table is not idle long enough", "R10.3")
             row.status = "expired"
-            return [TableClosed(reason="expired")]
+            return [TableExpired()]
         if isinstance(cmd, c.Leave):  # R10.1: a creator who leaves a waiting table closes it
             row.status = "closed"
             return [TableClosed(reason="creator_left")]
@@ -364,10 +365,10 @@ class Tables:
         """The new version and seqs, the envelopes, hand records and outbox messages."""
         now = self._now()
         envelopes = []
+        row.version += 1
         for event in events:
             row.seq += 1
-            envelopes.append(wrap(row.table_id, row.seq, event, now))
-        row.version += 1
+            envelopes.append(wrap(row.table_id, row.seq, event, now, row.version))
         row.last_move_at = now
         encoded = [_json.encode(e) for e in envelopes]
         messages = [

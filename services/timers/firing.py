@@ -10,10 +10,10 @@ is compared with the injected clock, never the database's, so a deadline that pa
 every replica was down fires as soon as one is back.
 
 - absence: ``absence_claimable`` on ``gin.events``, key ``timer.<table_id>.absence_claimable``,
-  once per decision. Its envelope ``seq`` is the seq of the table event that gave the seat
-  the decision (the ``since`` moment), so it names the table state it is about; its ``id``
-  is derived from table and seq. Consumers that dedupe table events on ``(table_id, seq)``
-  must keep timer events apart (the routing key, or ``type``).
+  once per decision. Its envelope is of the table's ``timer`` stream: ``seq`` is the next
+  number of that stream (``store.next_announcement``, in the firing transaction), and
+  ``data.table_seq`` the table event that gave the seat the decision (the ``since`` moment);
+  its ``id`` is derived from table and that table seq.
 - expiry: ``QueuedCommand(source="timer", command=Expire(...))`` to ``gin.commands``. The
   table service checks it against its own times. Until the table reports its expiry (or
   another move), the command is sent again after ``timer_retry_s``, doubling, a few times:
@@ -42,6 +42,7 @@ from shared.contracts.envelope import Envelope
 from shared.contracts.events import AbsenceClaimable
 from shared.contracts.names import COMMANDS_QUEUE, EVENTS_EXCHANGE, timer_key
 from shared.infra import outbox
+from shared.infra.db import Conn
 
 log = structlog.get_logger()
 _json = msgspec.json.Encoder()
@@ -61,23 +62,21 @@ def at(timestamp: float) -> datetime:
     return datetime.fromtimestamp(timestamp, UTC)
 
 
-def rfc3339(moment: datetime) -> str:
-    """``2027-01-15T08:00:00.5Z``: UTC, as the envelopes' ``occurred_at`` is written."""
-    text: str = msgspec.json.decode(_json.encode(moment.astimezone(UTC)))
-    return text
-
-
-def absence_claimable(due: Due, now: datetime) -> OutboxRow:
-    """The outbox row announcing that the seat to act is absent (R10.2)."""
+def absence_claimable(due: Due, now: datetime, number: int) -> OutboxRow:
+    """The outbox row announcing that the seat to act is absent (R10.2), the table's
+    ``number``-th ``timer`` event."""
     deadline = due.deadline
     assert deadline.seat is not None
     envelope = Envelope(
         id=uuid.uuid5(ID_NAMESPACE, f"{due.table_id}:absence:{deadline.seq}"),
         type="absence_claimable",
         table_id=due.table_id,
-        seq=deadline.seq,
+        stream="timer",
+        seq=number,
         occurred_at=now,
-        data=AbsenceClaimable(seat=deadline.seat, since=rfc3339(deadline.since)),
+        data=AbsenceClaimable(
+            seat=deadline.seat, since=deadline.since.astimezone(UTC), table_seq=deadline.seq
+        ),
     )
     key = timer_key(due.table_id, "absence_claimable")
     return EVENTS_EXCHANGE, key, _json.encode(envelope), str(envelope.id)
@@ -180,15 +179,15 @@ class Firing:
             taken = await store.take_due(conn, now, self.batch)
             if not taken:
                 return 0
-            await outbox.add_many(conn, [self._message(due, now) for due in taken])
+            await outbox.add_many(conn, [await self._message(conn, due, now) for due in taken])
             await store.mark_fired(conn, [self._fired(due, now) for due in taken], now)
         for due in taken:
             self._report(due, now)
         return len(taken)
 
-    def _message(self, due: Due, now: datetime) -> OutboxRow:
+    async def _message(self, conn: Conn, due: Due, now: datetime) -> OutboxRow:
         if due.deadline.kind == "absence":
-            return absence_claimable(due, now)
+            return absence_claimable(due, now, await store.next_announcement(conn, due.table_id))
         return expire_command(due, self.prefix)
 
     def _fired(self, due: Due, now: datetime) -> Fired:

@@ -134,3 +134,14 @@ async def pending(conn: Conn) -> dict[Kind, int]:
     counts: dict[Kind, int] = dict.fromkeys(KINDS, 0)
     counts.update({row["kind"]: row["n"] for row in rows})
     return counts
+
+
+async def next_announcement(conn: Conn, table_id: str) -> int:
+    """The next number of the table's ``timer`` stream, taken in the caller's transaction."""
+    number: int = await conn.fetchval(
+        "INSERT INTO announcements (table_id, last_seq) VALUES ($1, 1)"
+        " ON CONFLICT (table_id) DO UPDATE SET last_seq = announcements.last_seq + 1"
+        " RETURNING last_seq",
+        table_id,
+    )
+    return number

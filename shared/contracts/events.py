@@ -7,6 +7,7 @@ New fields get defaults; a field's type never changes.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 import msgspec
@@ -18,6 +19,7 @@ DealerReason = Literal[
 ]
 HandEnding = Literal["knock", "undercut", "gin", "big_gin", "dead_hand", "abandoned"]
 MatchEnding = Literal["target", "resigned", "left", "absence", "expired"]
+# "expired": no longer sent (an expiry is ``table_expired``, match or not); older events have it.
 CloseReason = Literal["rematch_declined", "creator_left", "left", "expired"]
 BotLevel = Literal["tito", "carmen", "luna"]
 
@@ -180,14 +182,23 @@ class RematchAccepted(Event, tag="rematch_accepted", frozen=True, kw_only=True):
 
 
 class AbsenceClaimable(Event, tag="absence_claimable", frozen=True, kw_only=True):
-    """The seat to act has been away past the absence time: the other may claim (R10.2)."""
+    """The seat to act has been away past the absence time: the other may claim (R10.2).
+
+    A ``timer`` stream event; ``table_seq`` is the table event that gave the seat its decision
+    (at ``since``).
+    """
 
     seat: int
-    since: str
+    since: datetime
+    table_seq: int | None = None
 
 
 class TableExpired(Event, tag="table_expired", frozen=True, kw_only=True):
-    """No command was accepted for the expiry time: the table closed (R10.3)."""
+    """No command was accepted for the expiry time: the table closed (R10.3).
+
+    The one expiry event, whether or not a match had started (a match on ends first, with
+    ``match_ended`` reason ``expired``).
+    """
 
 
 class TableClosed(Event, tag="table_closed", frozen=True, kw_only=True):

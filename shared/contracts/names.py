@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 EVENTS_EXCHANGE = "gin.events"
+# Every event of gin.events, kept by age and size, readable from any point (docs/subscribing.md):
+# a RabbitMQ stream queue bound to gin.events with "#".
+HISTORY_STREAM = "gin.events.history"
 BOTS_EXCHANGE = "gin.bots"
 COMMANDS_QUEUE = "gin.commands"
 # Internal to the table service: each relay batch of table events as one message (a JSON array

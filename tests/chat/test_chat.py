@@ -31,7 +31,7 @@ async def test_r10_5_two_players_chat_and_anyone_reads(
 
     assert first["type"] == "message_posted"
     assert first["table_id"] == table_id
-    assert first["seq"] == 1
+    assert (first["stream"], first["seq"], first["version"]) == ("chat", 1, None)  # its own stream
     assert first["data"] == {
         "type": "message_posted",
         "message_id": 1,

@@ -195,7 +195,18 @@ def test_every_event_round_trips_in_its_envelope(
     assert envelope.occurred_at.utcoffset() == timedelta(0)  # UTC on the wire
     wire = msgspec.json.encode(envelope)
     raw = msgspec.json.decode(wire)
-    assert set(raw) == {"id", "type", "table_id", "seq", "occurred_at", "schema_version", "data"}
+    assert set(raw) == {
+        "id",
+        "type",
+        "table_id",
+        "stream",
+        "seq",
+        "version",
+        "occurred_at",
+        "schema_version",
+        "data",
+    }
+    assert raw["stream"] == "table"
     assert raw["type"] == raw["data"]["type"] == tag(cls)
     assert raw["occurred_at"].endswith("Z")  # RFC 3339, UTC
     uuid.UUID(raw["id"])
@@ -340,7 +351,7 @@ def test_unknown_extra_fields_in_events_are_tolerated(name: str) -> None:
         "table_id": "t1",
         "seq": 3,
         "occurred_at": "2026-01-02T03:04:05Z",
-        "schema_version": 2,
+        "schema_version": 1,
         "trace": "an envelope field added later",
         "data": raw,
     }
@@ -512,4 +523,14 @@ def test_envelope_is_a_struct_with_the_design_fields() -> None:
     info = mi.type_info(Envelope)
     assert isinstance(info, mi.StructType)
     names = [f.name for f in info.fields]
-    assert names == ["id", "type", "table_id", "seq", "occurred_at", "schema_version", "data"]
+    assert names == [
+        "id",
+        "type",
+        "table_id",
+        "stream",
+        "seq",
+        "version",
+        "occurred_at",
+        "schema_version",
+        "data",
+    ]

@@ -77,11 +77,13 @@ async def test_r10_2_absence_claimable_arrives_after_the_deadline_and_the_claim_
         assert len(got) == 1, got
         [envelope] = got
         assert envelope["type"] == "absence_claimable"
-        assert envelope["seq"] == passed["seq"]
+        # The table's timer stream, numbered on its own (issue 15): its first event.
+        assert (envelope["stream"], envelope["seq"], envelope["version"]) == ("timer", 1, None)
         assert envelope["data"] == {
             "type": "absence_claimable",
             "seat": d,
             "since": passed["occurred_at"],
+            "table_seq": passed["seq"],
         }
         since = parse_time(passed["occurred_at"])
         assert arrived - since > ABSENCE_S
