@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from services.bots.worker import BotMetrics, BotWorker, Strategy
 from shared.infra import service
+from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, SETTINGS
 from shared.infra.settings import Settings
@@ -28,13 +29,20 @@ def create_app(
     app[SETTINGS] = settings
     registry = CollectorRegistry()
     app[REGISTRY] = registry
-    worker = BotWorker(strategies, settings.prefix, settings.bot_think_s, BotMetrics(registry))
+    worker = BotWorker(
+        strategies,
+        settings.prefix,
+        settings.bot_think_s,
+        BotMetrics(registry),
+        ConsumerMetrics(registry),
+    )
 
     async def broker(app: web.Application) -> AsyncIterator[None]:
         channel, _ = await service.open_broker(app)
         await channel.close()
         await worker.start(app[BROKER], PREFETCH)
         yield
+        await worker.stop()
         await app[BROKER].close()
 
     app.cleanup_ctx.append(broker)

@@ -1,9 +1,11 @@
 """The bot worker: consumes bot turns, decides with a pure strategy, sends the command back.
 
 Competing consumers on the ``gin.bots.<level>`` queues (any number of replicas), manual
-acks. A turn carries the bot seat's own view and nothing more (R11.4). The command carries
-``command_id`` and ``expected_version`` derived from the turn, so a redelivered or stale turn
-makes no second move. A message that cannot be decided goes to the dead-letter queue.
+acks, settled by the shared runner (``shared.infra.consumer``). A turn carries the bot seat's
+own view and nothing more (R11.4). The command carries ``command_id`` and
+``expected_version`` derived from the turn, so a redelivered, resent or stale turn makes no
+second move. A message that cannot be decided goes to the dead-letter queue; a broker that
+does not confirm the command holds the turn until it does.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import cast
 import aio_pika
 import msgspec
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.bots.strategies.knowledge import NoDecision
@@ -26,6 +28,7 @@ from shared.contracts.api import BotTurn, QueuedCommand
 from shared.contracts.commands import AnyCommand
 from shared.contracts.names import COMMANDS_QUEUE, bot_queue
 from shared.contracts.views import TableView
+from shared.infra.consumer import Consumer, ConsumerMetrics, Undecodable
 
 log = structlog.get_logger()
 Strategy = Callable[[TableView, random.Random], c.Command]
@@ -73,52 +76,59 @@ class BotWorker:
         prefix: str,
         think_s: float,
         metrics: BotMetrics,
+        consumer_metrics: ConsumerMetrics,
     ) -> None:
         self.strategies = strategies
         self.prefix = prefix
         self.think_s = think_s
         self.metrics = metrics
         self.channel: AbstractChannel | None = None
+        self.runner = Consumer(
+            "bot_turns",
+            self.decode,
+            self.on_turn,
+            consumer_metrics,
+            context=lambda turn: {"table_id": turn.table_id, "version": turn.version},
+            refused=(NoDecision,),
+        )
 
     async def start(self, connection: aio_pika.abc.AbstractRobustConnection, prefetch: int) -> None:
         """Consume every level's queue on one channel with publisher confirms."""
         self.channel = await connection.channel(publisher_confirms=True)
         await self.channel.set_qos(prefetch_count=prefetch)
-        for level in self.strategies:
-            queue = await self.channel.get_queue(self.prefix + bot_queue(level))
-            await queue.consume(self.on_turn)
+        queues = [
+            await self.channel.get_queue(self.prefix + bot_queue(level))
+            for level in self.strategies
+        ]
+        await self.runner.start(queues)
 
-    async def on_turn(self, message: AbstractIncomingMessage) -> None:
-        """Decide one turn and send the command, then acknowledge the turn."""
-        try:
-            turn = _turn_decoder.decode(message.body)
-            strategy = self.strategies[turn.level]
-        except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
-            log.warning("bot_turn_undecodable", error=repr(exc))
-            await message.reject(requeue=False)
-            return
-        structlog.contextvars.bind_contextvars(table_id=turn.table_id, version=turn.version)
+    async def stop(self) -> None:
+        """Take no more turns; let those in hand be sent (or go back to their queue)."""
+        await self.runner.stop()
+
+    def decode(self, body: bytes) -> BotTurn:
+        """A turn of a level this worker plays (else it is undecodable here)."""
+        turn = _turn_decoder.decode(body)
+        if turn.level not in self.strategies:
+            raise Undecodable(f"no strategy for the level {turn.level!r}")
+        return turn
+
+    async def on_turn(self, turn: BotTurn) -> None:
+        """Decide one turn and send the command (the runner acknowledges the turn after)."""
         try:
             started = time.perf_counter()
-            command = decide(strategy, turn)
+            command = decide(self.strategies[turn.level], turn)
             self.metrics.seconds.labels(turn.level).observe(time.perf_counter() - started)
         except NoDecision:  # nothing is the bot's to decide in that view (a stale turn)
-            log.info("bot_turn_without_decision", level=turn.level)
             self.metrics.decisions.labels(turn.level, "none").inc()
-            await message.ack()
-            return
+            raise
         except Exception:
-            log.exception("bot_decision_failed", level=turn.level)
             self.metrics.decisions.labels(turn.level, "failed").inc()
-            await message.reject(requeue=False)
-            return
-        finally:
-            structlog.contextvars.unbind_contextvars("table_id", "version")
+            raise
         if self.think_s > 0:
             await asyncio.sleep(self.think_s)  # a person can follow the bot's moves
         await self.send(turn, command)
         self.metrics.decisions.labels(turn.level, "sent").inc()
-        await message.ack()
 
     async def send(self, turn: BotTurn, command: c.Command) -> None:
         """Put the command on ``gin.commands`` and wait for the broker's confirm."""

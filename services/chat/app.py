@@ -14,6 +14,7 @@ from services.chat.chat import Chat
 from services.chat.consumer import TableEventConsumer
 from services.chat.http import CHAT, METRICS, ChatMetrics, add_routes, refusals
 from shared.infra import service
+from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
@@ -45,7 +46,9 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
 async def _broker(app: web.Application) -> AsyncIterator[None]:
     """The relay of chat messages and the consumer of table events."""
     channel, exchanges = await service.open_broker(app)
-    consumer = TableEventConsumer(app[POOL], app[SETTINGS].prefix, app[REGISTRY])
+    consumer = TableEventConsumer(
+        app[POOL], app[SETTINGS].prefix, app[REGISTRY], ConsumerMetrics(app[REGISTRY])
+    )
     await consumer.start(app[BROKER])
     relay = asyncio.create_task(
         service.relay(app, SCHEMA, channel, exchanges).run(), name="chat-outbox-relay"

@@ -4,7 +4,9 @@ The chat's own durable queue ``<prefix>gin.chat`` on ``gin.events`` keeps the ta
 while the chat service is down, and the chat goes on working while the table service is down.
 Idempotent: each event's ``(table_id, seq)`` is recorded in the same transaction as the change
 it causes, and a repeat changes nothing. Messages are applied one at a time, in the order they
-come. An undecodable message is dead-lettered; a database outage puts the message back.
+come, by the shared runner (``shared.infra.consumer``): an undecodable message is
+dead-lettered, an event type of a newer contract skipped, and a database outage holds the
+message until it is applied.
 
 The queue keeps only what was published after it was first declared: the chat service starts
 (and declares it) before the table service takes its first table in a new deployment.
@@ -12,32 +14,30 @@ The queue keeps only what was published after it was first declared: the chat se
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Literal
 
 import asyncpg
-import msgspec
 import structlog
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractIncomingMessage,
-    AbstractQueue,
-    AbstractRobustConnection,
-)
+from aio_pika.abc import AbstractChannel, AbstractQueue, AbstractRobustConnection
 from prometheus_client import CollectorRegistry, Counter
 
 from services.chat import store
-from shared.contracts.envelope import Envelope, envelope_decoder
+from shared.contracts.envelope import Envelope
 from shared.contracts.events import SeatTaken, TableClosed, TableExpired
 from shared.contracts.names import DEAD_LETTER, EVENTS_EXCHANGE, table_event_key
-from shared.infra import db
+from shared.infra.consumer import (
+    Consumer,
+    ConsumerMetrics,
+    decode_event,
+    event_context,
+    in_transaction,
+)
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
 CHAT_QUEUE = "gin.chat"
 LEARNED_FROM = ("seat_taken", "table_closed", "table_expired")
-RETRY_PAUSE_S = 1.0
 Outcome = Literal["applied", "duplicate", "ignored"]
 
 
@@ -73,73 +73,47 @@ async def apply_event(conn: Conn, envelope: Envelope) -> Outcome:
 
 
 class TableEventConsumer:
-    """Consumes the chat's queue until ``stop``."""
+    """Consumes the chat's queue, one event at a time in delivery order, until ``stop``."""
 
-    def __init__(self, pool: asyncpg.Pool, prefix: str, registry: CollectorRegistry) -> None:
-        self.pool = pool
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        prefix: str,
+        registry: CollectorRegistry,
+        metrics: ConsumerMetrics,
+    ) -> None:
         self.prefix = prefix
-        self.lock = asyncio.Lock()  # one message at a time, in delivery order
-        self.stopping = False
         self.channel: AbstractChannel | None = None
-        self.queue: AbstractQueue | None = None
-        self.consumer_tag: str | None = None
         self.events = Counter(
             "gin_chat_table_events",
             "Table events consumed by the chat, by type and outcome",
             ["type", "outcome"],
             registry=registry,
         )
+        self.runner = Consumer(
+            "chat_table_events",
+            decode_event,
+            in_transaction(pool, apply_event, self.applied),
+            metrics,
+            context=event_context,
+            serial=True,
+        )
 
     async def start(self, connection: AbstractRobustConnection, prefetch: int = 64) -> None:
         """Declare the queue and start consuming."""
         self.channel = await connection.channel()
         await self.channel.set_qos(prefetch_count=prefetch)
-        self.queue = await declare_queue(self.channel, self.prefix)
-        self.consumer_tag = await self.queue.consume(self.on_message)
+        await self.runner.start([await declare_queue(self.channel, self.prefix)])
 
     async def stop(self) -> None:
         """Stop taking messages, let the one in hand finish, close the channel (the broker
         gives back whatever was delivered and not acknowledged)."""
-        self.stopping = True
-        if self.queue is not None and self.consumer_tag is not None:
-            with contextlib.suppress(Exception):  # the broker may be away; closing will do
-                await self.queue.cancel(self.consumer_tag)
-        async with self.lock:
-            pass
+        await self.runner.stop()
         if self.channel is not None:
             with contextlib.suppress(Exception):
                 await self.channel.close()
 
-    async def on_message(self, message: AbstractIncomingMessage) -> None:
-        """Apply one table event, then settle the message."""
-        # The client runs each delivery as its own task; the lock (FIFO) keeps their order.
-        async with self.lock:
-            if self.stopping:
-                return
-            await self._handle(message)
-
-    async def _handle(self, message: AbstractIncomingMessage) -> None:
-        try:
-            envelope = envelope_decoder.decode(message.body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("table_event_undecodable", error=str(exc))
-            await message.reject(requeue=False)
-            return
-        structlog.contextvars.bind_contextvars(table_id=envelope.table_id)
-        try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                outcome = await apply_event(conn, envelope)
-        except Exception as exc:
-            if db.transient(exc):  # the database is busy or away: retry, never dead-letter
-                log.warning("table_event_retry", error=repr(exc))
-                await asyncio.sleep(RETRY_PAUSE_S)
-                await message.nack(requeue=True)
-                return
-            log.exception("table_event_failed", type=envelope.type, seq=envelope.seq)
-            await message.reject(requeue=False)
-            return
-        finally:
-            structlog.contextvars.unbind_contextvars("table_id")
+    def applied(self, envelope: Envelope, outcome: Outcome) -> None:
+        """Count and log one event applied (committed)."""
         self.events.labels(envelope.type, outcome).inc()
-        log.info("table_event_consumed", type=envelope.type, seq=envelope.seq, outcome=outcome)
-        await message.ack()
+        log.info("table_event_consumed", outcome=outcome)

@@ -25,6 +25,7 @@ from services.table.tables import Shuffle, Tables, secure_shuffle
 from services.table.ws import HUB, Hub, add_socket_route
 from shared.contracts.names import SOCKETS_EXCHANGE
 from shared.infra import service
+from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.outbox import OutboxRelay
 from shared.infra.service import BROKER, POOL, SETTINGS
@@ -73,11 +74,14 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     hub = Hub(app[POOL], app[TABLES], settings.prefix, app[REGISTRY], settings.ws_send_queue)
     await hub.start(app[BROKER])
     app[HUB] = hub
-    consumer = CommandConsumer(app[POOL], app[TABLES], settings.prefix, app[COMMITTED])
+    consumer = CommandConsumer(
+        app[POOL], app[TABLES], settings.prefix, app[COMMITTED], ConsumerMetrics(app[REGISTRY])
+    )
     await consumer.start(app[BROKER])
     app[RELAY] = service.relay(app, SCHEMA, channel, exchanges, digest_to=SOCKETS_EXCHANGE)
     relay = asyncio.create_task(app[RELAY].run(), name="outbox-relay")
     yield
+    await consumer.stop()
     await service.cancel(relay)
     await hub.stop()
     await app[RELAY].close()

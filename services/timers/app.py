@@ -16,6 +16,7 @@ from services.timers.firing import DEFAULT_EXCHANGE, Firing
 from services.timers.metrics import TimerMetrics
 from shared.contracts.names import EVENTS_EXCHANGE
 from shared.infra import service
+from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
@@ -72,6 +73,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
         settings.prefix,
         app[METRICS],
         firing.wake,
+        ConsumerMetrics(app[REGISTRY]),
     )
     app[CONSUMER] = consumer
     await consumer.start(app[BROKER])

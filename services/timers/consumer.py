@@ -12,27 +12,32 @@ exactly-once effect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import aio_pika
 import asyncpg
-import msgspec
 import structlog
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import AbstractQueue, AbstractRobustConnection
 
 from services.timers import store
 from services.timers.deadlines import Durations, Kind, after_event
 from services.timers.metrics import TimerMetrics
-from shared.contracts.envelope import Envelope, envelope_decoder
+from shared.contracts.envelope import Envelope
 from shared.contracts.names import DEAD_LETTER, EVENTS_EXCHANGE
-from shared.infra import db
+from shared.infra.consumer import (
+    UNDECODABLE,
+    Consumer,
+    ConsumerMetrics,
+    decode_event,
+    event_context,
+    in_transaction,
+)
+from shared.infra.db import Conn
 
 log = structlog.get_logger()
 TIMERS_QUEUE = "gin.timers"
 TABLE_EVENTS = "table.*.*"
 PREFETCH = 64
-RETRY_PAUSE_S = 1.0
 CATCH_UP_POLL_S = 0.05
 
 
@@ -46,17 +51,23 @@ class EventConsumer:
         prefix: str,
         metrics: TimerMetrics,
         on_change: Callable[[], None],
+        consumer_metrics: ConsumerMetrics,
     ) -> None:
-        self.pool = pool
         self.durations = durations
         self.prefix = prefix
         self.metrics = metrics
         self.on_change = on_change
-        self.inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self.queue: AbstractQueue | None = None
-        self.consumer_tag: str | None = None
-        self.worker: asyncio.Task[None] | None = None
-        self.busy = False
+        # A database outage holds a message (and the ones after it) rather than putting it
+        # back behind later events of its table.
+        self.runner = Consumer(
+            "timer_table_events",
+            self.decode,
+            in_transaction(pool, self.apply, self.applied),
+            consumer_metrics,
+            context=event_context,
+            serial=True,
+        )
 
     async def start(self, connection: AbstractRobustConnection) -> None:
         """Declare and bind the queue, then consume it."""
@@ -65,20 +76,11 @@ class EventConsumer:
         exchange = await channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
         self.queue = await declare_queue(channel, self.prefix)
         await self.queue.bind(exchange, TABLE_EVENTS)
-        self.worker = asyncio.create_task(self._work(), name="timer-events")
-        # aio-pika runs each delivery's callback as its own task: the callback only queues
-        # the message (in delivery order) and one worker applies them one after another.
-        self.consumer_tag = await self.queue.consume(self._received)
+        await self.runner.start([self.queue])
 
     async def stop(self) -> None:
         """Stop consuming; unacknowledged messages go back to the queue for the next one."""
-        if self.queue is not None and self.consumer_tag is not None:
-            with contextlib.suppress(Exception):  # the broker may be away: nothing to cancel
-                await self.queue.cancel(self.consumer_tag)
-        if self.worker is not None:
-            self.worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.worker
+        await self.runner.stop()
 
     async def caught_up(self) -> None:
         """Return once no event is waiting: none queued in the broker, none here.
@@ -90,73 +92,36 @@ class EventConsumer:
         quiet = 0
         while quiet < 2:  # twice in a row: deliveries on their way have arrived meanwhile
             declared = await self.queue.declare()
-            idle = declared.message_count == 0 and self.inbox.empty() and not self.busy
+            idle = declared.message_count == 0 and self.runner.idle
             quiet = quiet + 1 if idle else 0
             await asyncio.sleep(CATCH_UP_POLL_S)
 
-    async def _received(self, message: AbstractIncomingMessage) -> None:
-        self.inbox.put_nowait(message)
-
-    async def _work(self) -> None:
-        while True:
-            message = await self.inbox.get()
-            self.busy = True
-            try:
-                await self.handle(message)
-            except Exception:  # never let one message stop the worker
-                log.exception("table_event_worker_failed")
-            finally:
-                self.busy = False
-
-    async def handle(self, message: AbstractIncomingMessage) -> None:
-        """Apply one event, then settle its message."""
+    def decode(self, body: bytes) -> Envelope:
+        """An event's envelope (counted as rejected when it is not one)."""
         try:
-            envelope = envelope_decoder.decode(message.body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("table_event_undecodable", error=str(exc))
+            return decode_event(body)
+        except UNDECODABLE:
             self.metrics.events.labels("rejected").inc()
-            await _settle(message.reject(requeue=False))
-            return
-        structlog.contextvars.bind_contextvars(table_id=envelope.table_id)
-        try:
-            changed = await self._apply_until_done(envelope)
-        except Exception:
-            log.exception("table_event_failed", seq=envelope.seq, type=envelope.type)
-            self.metrics.events.labels("rejected").inc()
-            await _settle(message.reject(requeue=False))
-            return
-        finally:
-            structlog.contextvars.unbind_contextvars("table_id")
+            raise
+
+    def applied(self, envelope: Envelope, changed: list[Kind] | None) -> None:
+        """Count one event applied (committed); wake the firing loop if a deadline moved."""
         self.metrics.events.labels("duplicate" if changed is None else "applied").inc()
-        await _settle(message.ack())
         if changed:
             self.on_change()
 
-    async def _apply_until_done(self, envelope: Envelope) -> list[Kind] | None:
-        # A database outage holds this message (and the ones after it) rather than putting it
-        # back behind later events of its table.
-        while True:
-            try:
-                return await self.apply(envelope)
-            except Exception as exc:
-                if not db.transient(exc):
-                    raise
-                log.warning("table_event_retry", error=repr(exc), retry_in_s=RETRY_PAUSE_S)
-                await asyncio.sleep(RETRY_PAUSE_S)
-
-    async def apply(self, envelope: Envelope) -> list[Kind] | None:
-        """Apply one event in one transaction: the kinds of deadline set anew, or None when
-        the event was applied before."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            before = await store.lock_table(conn, envelope.table_id)
-            after = after_event(before, envelope, self.durations)
-            if after is None:
-                log.debug("table_event_duplicate", seq=envelope.seq, last_seq=before.last_seq)
-                return None
-            if before.last_seq and envelope.seq != before.last_seq + 1:
-                log.warning("table_event_gap", seq=envelope.seq, last_seq=before.last_seq)
-            changed = await store.save_table(conn, envelope.table_id, before, after)
-        log.debug("table_event_applied", seq=envelope.seq, type=envelope.type, changed=changed)
+    async def apply(self, conn: Conn, envelope: Envelope) -> list[Kind] | None:
+        """Apply one event in the caller's transaction: the kinds of deadline set anew, or
+        None when the event was applied before."""
+        before = await store.lock_table(conn, envelope.table_id)
+        after = after_event(before, envelope, self.durations)
+        if after is None:
+            log.debug("table_event_duplicate", last_seq=before.last_seq)
+            return None
+        if before.last_seq and envelope.seq != before.last_seq + 1:
+            log.warning("table_event_gap", last_seq=before.last_seq)
+        changed = await store.save_table(conn, envelope.table_id, before, after)
+        log.debug("table_event_applied", changed=changed)
         return changed
 
 
@@ -171,11 +136,3 @@ async def declare_queue(channel: aio_pika.abc.AbstractChannel, prefix: str) -> A
             "x-dead-letter-exchange": prefix + DEAD_LETTER,
         },
     )
-
-
-async def _settle(settling: Awaitable[None]) -> None:
-    """Ack or reject; a channel lost meanwhile means the broker redelivers, which is safe."""
-    try:
-        await settling
-    except Exception as exc:
-        log.warning("table_event_settle_failed", error=repr(exc))
