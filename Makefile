@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: dev test check fmt bench venv clean servers servers-stop asyncapi openapi docs manifests
+.PHONY: dev test check fmt bench venv clean servers servers-stop asyncapi openapi docs manifests \
+	contracts-schema
 
 venv: $(STAMP)
 
@@ -48,7 +49,12 @@ asyncapi: venv
 openapi: venv
 	$(BIN)/python scripts/openapi.py > docs/openapi.yaml.tmp && mv docs/openapi.yaml.tmp docs/openapi.yaml
 
-docs: asyncapi openapi
+# The message contracts' schema, kept per schema version (docs/contracts/v<N>.json): rewritten
+# only when the change is additive (docs/subscribing.md); a break fails here and in make test.
+contracts-schema: venv
+	$(BIN)/python scripts/contracts_schema.py
+
+docs: asyncapi openapi contracts-schema
 
 manifests:
 	kubectl kustomize deploy/k8s/overlays/dev
