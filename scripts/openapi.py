@@ -94,7 +94,8 @@ ERRORS = {
     409: "Not now: the rules refuse it (`not_your_turn`, `seat_taken`, `table_closed`, ...).",
     413: f"The body is larger than {MAX_BODY_KIB} KiB (`body_too_large`).",
     429: "Too many of these from this identity (a per-identity rate limit, or the chat's "
-    "`too_many_messages`): wait `Retry-After` seconds.",
+    "`too_many_messages`): wait `Retry-After` seconds. A `rate_limited` client that asks again "
+    "anyway is answered no faster than a few refusals a second (each held up to 5 s).",
     503: "Busy or its database unavailable, nothing changed: retry after `Retry-After` seconds "
     "(`busy`, `database_unavailable`).",
 }

@@ -126,7 +126,7 @@ async def create_table(request: web.Request) -> web.Response:
     identity = identity_of(request)
     assert identity is not None
     body = await body_of(request, CreateTable)
-    limit(request, "tables", identity)
+    await limit(request, "tables", identity)
     async with request.app[POOL].acquire() as conn, conn.transaction():
         created, change = await request.app[TABLES].create(conn, identity, body.options.plain())
     await request.app[COMMITTED](change)
@@ -140,7 +140,7 @@ async def join_table(request: web.Request) -> web.Response:
     identity = identity_of(request)
     assert identity is not None
     body = await body_of(request, JoinTable)
-    limit(request, "joins", identity)
+    await limit(request, "joins", identity)
     return await _take_seat(
         request,
         identity,
@@ -185,7 +185,7 @@ async def run_command(request: web.Request, command: Any, identity: Identity) ->
     app = request.app
     kind = type(command).__name__
     structlog.contextvars.bind_contextvars(command_id=command.command_id)
-    limit(request, "commands", identity)
+    await limit(request, "commands", identity)
     start = time.perf_counter()
     outcome = "refused"
     actor = Actor(kind="person", identity=identity)
@@ -270,10 +270,17 @@ async def _rate_limits(app: web.Application) -> AsyncIterator[None]:
     await service.cancel(sharing)
 
 
-def limit(request: web.Request, action: str, identity: Identity) -> None:
-    """Count one ``action`` of this identity, or refuse it (429 with Retry-After)."""
+async def limit(request: web.Request, action: str, identity: Identity) -> None:
+    """Count one ``action`` of this identity, or refuse it (429 with Retry-After, held back
+    first: ``RateLimiter.admit``)."""
     if LIMITS in request.app:
-        request.app[LIMITS].check(action, identity.id)
+        await request.app[LIMITS].admit(action, identity.id)
+
+
+async def _release_holds(app: web.Application) -> None:
+    """At shutdown, answer the held refusals at once: they must not hold the drain."""
+    if LIMITS in app:
+        app[LIMITS].holds.release()
 
 
 def add_routes(app: web.Application, dev_tokens: bool) -> None:
@@ -281,6 +288,7 @@ def add_routes(app: web.Application, dev_tokens: bool) -> None:
     rate limits (once the pool is open)."""
     app[VERIFIER] = Verifier.from_settings(app[SETTINGS])
     app.cleanup_ctx.append(_rate_limits)
+    app.on_shutdown.append(_release_holds)
     r = app.router
     r.add_post("/v1/tables", create_table)
     r.add_post("/v1/tables/{id}/join", join_table)

@@ -540,7 +540,7 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     table_id = request.match_info["id"]
     identity = identity_of(request, required=False, query_token=True)
     if identity is not None:  # watchers without a token are many and nameless: not counted
-        limit(request, "sockets", identity)
+        await limit(request, "sockets", identity)
     tables = request.app[TABLES]
     if table_id not in tables.seatings:  # a table this replica has seen full exists for good
         async with request.app[POOL].acquire() as conn:

@@ -10,6 +10,13 @@ replica learns of an identity it has not counted yet that the others pushed near
 the limit. A check refuses when the last total learnt plus the counts not synced yet reaches
 the limit; a refused request is not counted.
 
+A refusal is not answered at once (``admit``): an identity past its limit gets its refusals
+one per ``Holds.interval_s``, each held at most ``max_s``. A client that ignores Retry-After
+and asks again as soon as it is answered is so slowed to a few requests a second however many
+connections it uses, and what it costs the replica falls with it (a held request costs a
+socket and a timer, no CPU). Holding is bounded, per identity by ``max_s`` and over all by
+``max_held``; past those the refusal is answered at once, as before holding.
+
 How far past its limit a window can go: a count reaches the table at its replica's next
 sync and another replica at that replica's next sync, so a replica may not know what the
 others accepted in the last two sync intervals (plus the two statements' time); a replica
@@ -27,6 +34,7 @@ that error errs on the strict side.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import time
@@ -36,7 +44,7 @@ from itertools import islice
 import asyncpg
 import msgspec
 import structlog
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared.infra.settings import Settings
 
@@ -91,6 +99,56 @@ class RateLimited(Exception):
         self.retry_after_s = retry_after_s
 
 
+class Holds:
+    """Refusals held back: one answer per ``interval_s`` for each identity, each held at most
+    ``max_s``, at most ``max_held`` held at once; ``release`` (at shutdown) answers them all."""
+
+    def __init__(
+        self,
+        interval_s: float,
+        max_s: float,
+        max_held: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval_s < 0 or max_s < 0 or max_held < 0:
+            raise ValueError("interval_s, max_s and max_held must not be negative")
+        self.interval_s = interval_s
+        self.max_s = max_s
+        self.max_held = max_held
+        self.clock = clock
+        self.held = 0
+        self._next: dict[str, float] = {}  # when each identity's next refusal may be answered
+        self._released = asyncio.Event()
+
+    async def hold(self, key: str) -> bool:
+        """Wait until ``key``'s next refusal may be answered (at once for its first); False
+        (at once) when that is more than ``max_s`` away, when it would wait and ``max_held``
+        are held already, or once holds were released."""
+        if self._released.is_set():
+            return False
+        now = self.clock()
+        at = max(now, self._next.get(key, now))
+        if at - now > self.max_s or (at > now and self.held >= self.max_held):
+            return False
+        if len(self._next) > 2 * self.max_held + 1024:  # identities that have gone quiet
+            self._next = {k: t for k, t in self._next.items() if t > now}
+        self._next[key] = at + self.interval_s
+        if at <= now:
+            return True
+        self.held += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(at - now):
+                    await self._released.wait()
+        finally:
+            self.held -= 1
+        return True
+
+    def release(self) -> None:
+        """Answer every held refusal now, and hold no more (the replica is stopping)."""
+        self._released.set()
+
+
 class _Window:
     """One action's counts in one window, by identity."""
 
@@ -120,9 +178,11 @@ class RateLimiter:
         *,
         registry: CollectorRegistry | None = None,
         max_entries: int = MAX_ENTRIES,
+        holds: Holds | None = None,
     ) -> None:
         """``clock`` is wall time (the replicas' windows must agree); ``registry`` gets the
-        refusals by action; at most ``max_entries`` identities are counted at once."""
+        refusals by action; at most ``max_entries`` identities are counted at once; ``holds``
+        holds back refusals in ``admit`` (none held without it)."""
         if sync_s <= 0 or max_entries < 1 or any(lim.window_s <= 0 for lim in limits.values()):
             raise ValueError("sync_s, max_entries and every window_s must be positive")
         self.pool = pool
@@ -130,6 +190,7 @@ class RateLimiter:
         self.sync_s = sync_s
         self.clock = clock
         self.max_entries = max_entries
+        self.holds = Holds(0.0, 0.0, 0) if holds is None else holds
         self._windows: dict[tuple[str, int], _Window] = {}  # oldest first
         self._current: dict[str, _Window] = {}  # each action's window last checked
         self._entries = 0
@@ -139,6 +200,17 @@ class RateLimiter:
             "gin_rate_limited", "Requests refused by a rate limit", ["action"], registry=registry
         )
         self._refused = {action: refused.labels(action) for action in self.limits}
+        self._held = Counter(
+            "gin_rate_limited_held",
+            "Refusals answered on their identity's hold schedule (the rest were answered at once)",
+            ["action"],
+            registry=registry,
+        )
+        Gauge(
+            "gin_rate_limited_holding",
+            "Refusals held back right now",
+            registry=registry,
+        ).set_function(lambda: self.holds.held)
         self._sync_failures = Counter(
             "gin_rate_limit_sync_failures",
             "Rate limit syncs with the database that failed",
@@ -156,7 +228,10 @@ class RateLimiter:
             "tables": Limit(settings.rate_tables, settings.rate_tables_window_s),
             "sockets": Limit(settings.rate_sockets, settings.rate_sockets_window_s),
         }
-        return cls(pool, limits, settings.rate_sync_s, registry=registry)
+        holds = Holds(
+            settings.rate_hold_interval_s, settings.rate_hold_max_s, settings.rate_holds_max
+        )
+        return cls(pool, limits, settings.rate_sync_s, registry=registry, holds=holds)
 
     @property
     def entries(self) -> int:
@@ -179,6 +254,16 @@ class RateLimiter:
             self._admit()
         window.counts[key] = count + 1
         window.pending[key] = window.pending.get(key, 0) + 1
+
+    async def admit(self, action: str, identity: str) -> None:
+        """``check``, but a refusal is held back first (``Holds``): a client that asks again
+        as soon as it is refused is answered no faster than the holds allow."""
+        try:
+            self.check(action, identity)
+        except RateLimited:
+            if await self.holds.hold(_key(identity)):
+                self._held.labels(action).inc()
+            raise
 
     async def sync(self) -> None:
         """Send this replica's counts since the last sync and learn the totals, in one

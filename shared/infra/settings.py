@@ -52,6 +52,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_sockets: int = 120
     rate_sockets_window_s: float = 60.0
     rate_sync_s: float = 0.2  # how often a replica shares its counts with the others
+    # Past its limit, an identity's refusals are answered one per interval, each held at most
+    # hold_max_s, at most holds_max held at once (ratelimit.Holds); the rest are answered at once.
+    rate_hold_interval_s: float = 0.2
+    rate_hold_max_s: float = 5.0
+    rate_holds_max: int = 2000
     relay_batch: int = 500
     relay_poll_s: float = 1.0
     relay_linger_s: float = 0.005  # a busy relay lets each next batch gather this long

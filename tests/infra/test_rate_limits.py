@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from shared.infra import db
 from shared.infra.outbox import SQL_DIR
-from shared.infra.ratelimit import Limit, RateLimited, RateLimiter
+from shared.infra.ratelimit import Holds, Limit, RateLimited, RateLimiter
 from shared.infra.settings import Settings
 
 START = 1_800_000_000.0  # a window start for any window length used here
@@ -430,3 +430,53 @@ async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
     assert limiter.sync_s == 0.5
     with pytest.raises(KeyError):
         limiter.check("chats", "ann")
+
+
+async def test_holds_answer_an_identitys_refusals_one_per_interval_and_the_rest_at_once() -> None:
+    """The schedule is taken at the frozen clock: the first refusal goes at once, the next
+    two wait their turn, the fourth would wait past ``max_s`` and is answered at once."""
+    holds = Holds(0.05, 0.1, 100, clock=Clock())
+    tasks = [asyncio.create_task(holds.hold("flooder")) for _ in range(4)]
+    other = asyncio.create_task(holds.hold("someone-else"))
+    await asyncio.sleep(0)
+    assert [t.done() for t in tasks] == [True, False, False, True]
+    assert tasks[0].result() is True
+    assert tasks[3].result() is False
+    assert other.done()
+    assert other.result() is True
+    assert holds.held == 2
+    assert await asyncio.gather(*tasks[1:3]) == [True, True]
+    assert holds.held == 0
+
+
+async def test_holds_are_bounded_over_all_identities_and_released_at_shutdown() -> None:
+    holds = Holds(30.0, 60.0, 2, clock=Clock())
+    first = [await holds.hold(name) for name in ("a", "b")]  # each identity's first: at once
+    waiting = [asyncio.create_task(holds.hold(name)) for name in ("a", "b")]
+    await asyncio.sleep(0)
+    assert first == [True, True]
+    assert holds.held == 2
+    assert await holds.hold("c") is True  # a first refusal is never held
+    assert await holds.hold("c") is False  # the second would be: no room, answered at once
+    holds.release()
+    async with asyncio.timeout(5):  # not the 30 s of their turn
+        assert await asyncio.gather(*waiting) == [True, True]
+    assert await holds.hold("d") is False  # released: nothing is held any more
+
+
+async def test_a_client_that_asks_again_at_once_is_answered_no_faster_than_the_holds(
+    pool: asyncpg.Pool,
+) -> None:
+    registry = CollectorRegistry()
+    holds = Holds(0.05, 1.0, 10)
+    limiter = RateLimiter(pool, {"commands": Limit(2, 3600.0)}, 3600.0, registry=registry)
+    limiter.holds = holds
+    for _ in range(2):
+        await limiter.admit("commands", "flooder")
+    began = time.perf_counter()
+    for _ in range(5):  # as soon as each is answered, the next
+        with pytest.raises(RateLimited):
+            await limiter.admit("commands", "flooder")
+    assert time.perf_counter() - began >= 4 * 0.05 * 0.95  # the first is answered at once
+    assert registry.get_sample_value("gin_rate_limited_held_total", {"action": "commands"}) == 5
+    await limiter.admit("commands", "someone-else")  # under its own limit: never held

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import asyncpg
 import msgspec
 from aiohttp.test_utils import TestClient
@@ -196,3 +197,45 @@ async def test_a_spectator_at_a_known_table_is_refused_without_a_connection(
         finally:
             for conn in held:
                 await pool.release(conn)
+
+
+async def test_a_flooders_refusals_are_held_back_and_answered_when_the_replica_stops(
+    settings: Settings,
+) -> None:
+    """Past its limit a spectator's commands are answered one per hold interval, however
+    many it sends at once; the ones still held when the replica stops are answered 429 then,
+    and the stop does not wait out their turn."""
+    s = limited(settings, rate_commands=1, rate_hold_interval_s=0.05, rate_hold_max_s=7200.0)
+    api_cm = open_api(s)
+    api = await api_cm.__aenter__()
+    try:
+        table_id, _, _ = await api.table_for_two()
+        path = f"/v1/tables/{table_id}/commands"
+        caio = api.token("Caio")
+        status, body, _ = await answer(api, "POST", path, caio, {"type": "resign"})
+        assert_error(status, body, 403, "not_seated", "R10.1")
+        flood = [
+            asyncio.create_task(answer(api, "POST", path, caio, {"type": "resign"}))
+            for _ in range(8)
+        ]
+        done, _ = await asyncio.wait(flood, timeout=0.3)  # 7 × 50 ms are needed for all 8
+        assert 1 <= len(done) < 8
+        for task in done:
+            assert_error(task.result()[0], task.result()[1], 429, "rate_limited", None)
+        await asyncio.wait(flood)
+        app_of(api)[LIMITS].holds.interval_s = 3600.0  # the one after the next waits an hour
+        status, body, _ = await answer(api, "POST", path, caio, {"type": "resign"})
+        assert_error(status, body, 429, "rate_limited", None)
+        # From a session of its own: the test client's session closes before its server.
+        session = aiohttp.ClientSession()
+        late = asyncio.create_task(
+            session.post(api.client.make_url(path), json={"type": "resign"}, headers=api.auth(caio))
+        )
+        await asyncio.sleep(0.2)
+        assert not late.done()
+    finally:
+        async with asyncio.timeout(10):
+            await api_cm.__aexit__(None, None, None)
+    async with session, await late as r:
+        assert_error(r.status, await r.json(), 429, "rate_limited", None)
+        assert int(r.headers["Retry-After"]) >= 1
