@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import re
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import asyncpg
 import structlog
@@ -67,43 +71,161 @@ def _lock_key(schema: str) -> int:
     return zlib.crc32(f"migrate:{schema}".encode())
 
 
-async def migrate(conn: asyncpg.Connection, schema: str, *directories: Path) -> list[str]:
+NO_TRANSACTION = "-- migrate: no-transaction"
+LOCK_TIMEOUT_S = 5.0  # a step waits this long for a lock, then gives up and tries again
+LOCK_ATTEMPTS = 5
+LOCK_RETRY_PAUSE_S = 2.0  # doubling between attempts, 10 s at most
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+class MigrationRefused(RuntimeError):
+    """The migrations on disk disagree with those applied: one was edited, renamed or lost."""
+
+
+class Migration(NamedTuple):
+    """One ``NNN_name.sql`` file."""
+
+    version: int
+    name: str
+    sql: str
+    checksum: str  # sha256 of the file's text
+    transactional: bool  # False: its first line is NO_TRANSACTION
+
+    def statements(self) -> list[str]:
+        """A no-transaction file's statements, each ending with ``;`` at the end of a line
+        (each runs on its own, as CREATE INDEX CONCURRENTLY needs)."""
+        parts = re.split(r";[ \t]*(?:--[^\n]*)?$", self.sql, flags=re.MULTILINE)
+        return [p.strip() for p in parts if _sql_in(p)]
+
+
+def _sql_in(text: str) -> bool:
+    return any(line.strip() and not line.strip().startswith("--") for line in text.splitlines())
+
+
+def migrations_in(*directories: Path) -> list[Migration]:
+    """The migrations of the directories, by number (a number used twice is refused)."""
+    found: dict[int, Migration] = {}
+    for directory in directories:
+        for path in directory.glob("*.sql"):
+            version = int(path.name.split("_", 1)[0])
+            sql = path.read_text()
+            if version in found:
+                raise MigrationRefused(f"{path.name} and {found[version].name} share a number")
+            found[version] = Migration(
+                version,
+                path.name,
+                sql,
+                hashlib.sha256(sql.encode()).hexdigest(),
+                not sql.lstrip().startswith(NO_TRANSACTION),
+            )
+    return [found[v] for v in sorted(found)]
+
+
+async def migrate(
+    conn: asyncpg.Connection,
+    schema: str,
+    *directories: Path,
+    lock_timeout_s: float = LOCK_TIMEOUT_S,
+) -> list[str]:
     """Apply the ``NNN_name.sql`` files of the directories not applied yet, by number, once.
 
-    An advisory lock makes concurrent migrators (two replicas, a Job) wait for each other.
+    - Each applied file's sha256 is kept; a file edited (or renamed) after it was applied is
+      refused (``MigrationRefused``) before anything runs: a migration that changes must be a
+      new file. Files applied before checksums were kept get theirs recorded.
+    - Each step waits ``lock_timeout_s`` at most for a lock (so a step stuck behind a long
+      transaction does not hold every query on that table behind it), then is tried again,
+      ``LOCK_ATTEMPTS`` times in all.
+    - A file whose first line is ``-- migrate: no-transaction`` runs outside a transaction,
+      statement by statement (``CREATE INDEX CONCURRENTLY``): each statement must be safe to
+      run again, since a failure half-way leaves the earlier ones done.
+
+    An advisory lock makes concurrent migrators (two replicas, a Job) wait for each other;
+    they wait by polling, never inside a statement, whose snapshot would hold a concurrent
+    index build up.
     """
     applied_now: list[str] = []
-    await conn.execute("SELECT pg_advisory_lock($1)", _lock_key(schema))
+    files = migrations_in(*directories)
+    while True:  # another process holds it: no event to wait on
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1)", _lock_key(schema)):
+            break
+        await asyncio.sleep(0.2)
     try:
+        table = f'"{schema}".schema_migrations'
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         await conn.execute(
-            f'CREATE TABLE IF NOT EXISTS "{schema}".schema_migrations ('
+            f"CREATE TABLE IF NOT EXISTS {table} ("
             " version int PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
+        await conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS checksum text")
         done = {
-            r["version"]
-            for r in await conn.fetch(f'SELECT version FROM "{schema}".schema_migrations')
+            r["version"]: r
+            for r in await conn.fetch(f"SELECT version, name, checksum FROM {table}")
         }
-        files = sorted(
-            (int(p.name.split("_", 1)[0]), p) for d in directories for p in d.glob("*.sql")
-        )
-        for version, path in files:
-            if version in done:
+        for migration in files:
+            applied = done.get(migration.version)
+            if applied is None:
                 continue
-            async with conn.transaction():
-                await conn.execute(f'SET LOCAL search_path TO "{schema}"')
-                await conn.execute(path.read_text())
-                await conn.execute(
-                    f'INSERT INTO "{schema}".schema_migrations (version, name) VALUES ($1, $2)',
-                    version,
-                    path.name,
+            if applied["name"] != migration.name:
+                raise MigrationRefused(
+                    f"migration {migration.version} of {schema} was applied as"
+                    f" {applied['name']}, and is now {migration.name}"
                 )
-            applied_now.append(path.name)
-            log.info("migration_applied", schema=schema, migration=path.name)
+            if applied["checksum"] is None:
+                await conn.execute(
+                    f"UPDATE {table} SET checksum = $2 WHERE version = $1",
+                    migration.version,
+                    migration.checksum,
+                )
+            elif applied["checksum"] != migration.checksum:
+                raise MigrationRefused(
+                    f"{migration.name} of {schema} was edited after it was applied: write the"
+                    " change as a new migration (or restore the file)"
+                )
+        for migration in files:
+            if migration.version not in done:
+                await _apply(conn, schema, migration, lock_timeout_s)
+                applied_now.append(migration.name)
+                log.info("migration_applied", schema=schema, migration=migration.name)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _lock_key(schema))
     return applied_now
+
+
+async def _apply(
+    conn: asyncpg.Connection, schema: str, migration: Migration, lock_timeout_s: float
+) -> None:
+    timeout = f"{int(lock_timeout_s * 1000)}ms"
+    record = (
+        f'INSERT INTO "{schema}".schema_migrations (version, name, checksum) VALUES ($1, $2, $3)'
+    )
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            if migration.transactional:
+                async with conn.transaction():
+                    await conn.execute(f'SET LOCAL search_path TO "{schema}"')
+                    await conn.execute(f"SET LOCAL lock_timeout = '{timeout}'")
+                    await conn.execute(migration.sql)
+                    await conn.execute(
+                        record, migration.version, migration.name, migration.checksum
+                    )
+                return
+            await conn.execute(f'SET search_path TO "{schema}"')
+            await conn.execute(f"SET lock_timeout = '{timeout}'")
+            try:
+                for statement in migration.statements():
+                    await conn.execute(statement)
+                await conn.execute(record, migration.version, migration.name, migration.checksum)
+            finally:
+                await conn.execute("RESET search_path; RESET lock_timeout")
+            return
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate != LOCK_NOT_AVAILABLE or attempt == LOCK_ATTEMPTS:
+                raise
+            log.warning(
+                "migration_lock_timeout", schema=schema, migration=migration.name, attempt=attempt
+            )
+            await asyncio.sleep(min(LOCK_RETRY_PAUSE_S * 2.0 ** (attempt - 1), 10.0))
 
 
 async def migrate_url(url: str, schema: str, *directories: Path) -> list[str]:
