@@ -12,10 +12,11 @@ the limit; a refused request is not counted.
 
 A refusal is not answered at once (``admit``): an identity past its limit gets its refusals
 one per ``Holds.interval_s``, each held at most ``max_s``. A client that ignores Retry-After
-and asks again as soon as it is answered is so slowed to a few requests a second however many
-connections it uses, and what it costs the replica falls with it (a held request costs a
-socket and a timer, no CPU). Holding is bounded, per identity by ``max_s`` and over all by
-``max_held``; past those the refusal is answered at once, as before holding.
+and asks again as soon as it is answered is so slowed to a few requests a second on each of
+its connections, and what it costs the replica falls with it (a held request costs a socket
+and a timer, no CPU): one that opens C connections is answered about 1 / interval_s + C /
+max_s times a second. Holding is bounded, over all identities and per identity; past those
+bounds a refusal is answered at once, as before holding.
 
 How far past its limit a window can go: a count reaches the table at its replica's next
 sync and another replica at that replica's next sync, so a replica may not know what the
@@ -100,53 +101,74 @@ class RateLimited(Exception):
 
 
 class Holds:
-    """Refusals held back: one answer per ``interval_s`` for each identity, each held at most
-    ``max_s``, at most ``max_held`` held at once; ``release`` (at shutdown) answers them all."""
+    """Refusals held back. Each identity's refusals are answered one per ``interval_s``; one
+    whose turn is more than ``max_s`` away is answered after ``max_s``. At most ``max_held``
+    are held at once, ``max_held_per_identity`` of one identity; past those a refusal is
+    answered at once. ``release`` (at shutdown) answers them all."""
 
     def __init__(
         self,
         interval_s: float,
         max_s: float,
         max_held: int,
+        max_held_per_identity: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if interval_s < 0 or max_s < 0 or max_held < 0:
-            raise ValueError("interval_s, max_s and max_held must not be negative")
+        per_identity = max_held // 4 if max_held_per_identity is None else max_held_per_identity
+        if min(interval_s, max_s, max_held, per_identity) < 0:
+            raise ValueError("interval_s, max_s and the bounds must not be negative")
         self.interval_s = interval_s
         self.max_s = max_s
         self.max_held = max_held
+        self.max_held_per_identity = per_identity
         self.clock = clock
         self.held = 0
+        self._held_by: dict[str, int] = {}
         self._next: dict[str, float] = {}  # when each identity's next refusal may be answered
         self._released = asyncio.Event()
 
     async def hold(self, key: str) -> bool:
-        """Wait until ``key``'s next refusal may be answered (at once for its first); False
-        (at once) when that is more than ``max_s`` away, when it would wait and ``max_held``
-        are held already, or once holds were released."""
+        """Wait until ``key``'s refusal may be answered (at once for its first); False when
+        answered at once because a bound is reached or holds were released."""
         if self._released.is_set():
             return False
         now = self.clock()
         at = max(now, self._next.get(key, now))
-        if at - now > self.max_s or (at > now and self.held >= self.max_held):
-            return False
-        if len(self._next) > 2 * self.max_held + 1024:  # identities that have gone quiet
-            self._next = {k: t for k, t in self._next.items() if t > now}
-        self._next[key] = at + self.interval_s
-        if at <= now:
+        if at - now > self.max_s:  # past the schedule's reach: held as long as any
+            wait = self.max_s
+        else:
+            wait = at - now
+            if wait <= 0 or self._has_room(key):
+                self._schedule(key, at + self.interval_s, now)
+        if wait <= 0:
             return True
+        if not self._has_room(key):
+            return False
         self.held += 1
+        self._held_by[key] = self._held_by.get(key, 0) + 1
         try:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(at - now):
+                async with asyncio.timeout(wait):
                     await self._released.wait()
         finally:
             self.held -= 1
+            left = self._held_by.pop(key) - 1
+            if left:
+                self._held_by[key] = left
         return True
 
     def release(self) -> None:
         """Answer every held refusal now, and hold no more (the replica is stopping)."""
         self._released.set()
+
+    def _has_room(self, key: str) -> bool:
+        by_key = self._held_by.get(key, 0)
+        return self.held < self.max_held and by_key < self.max_held_per_identity
+
+    def _schedule(self, key: str, next_at: float, now: float) -> None:
+        if len(self._next) > 2 * self.max_held + 1024:  # identities that have gone quiet
+            self._next = {k: t for k, t in self._next.items() if t > now}
+        self._next[key] = next_at
 
 
 class _Window:

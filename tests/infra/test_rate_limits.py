@@ -432,35 +432,36 @@ async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
         limiter.check("chats", "ann")
 
 
-async def test_holds_answer_an_identitys_refusals_one_per_interval_and_the_rest_at_once() -> None:
+async def test_holds_answer_an_identitys_refusals_one_per_interval_or_after_max_s() -> None:
     """The schedule is taken at the frozen clock: the first refusal goes at once, the next
-    two wait their turn, the fourth would wait past ``max_s`` and is answered at once."""
+    two wait their turn, the fourth's turn is past ``max_s``: it waits ``max_s``."""
     holds = Holds(0.05, 0.1, 100, clock=Clock())
     tasks = [asyncio.create_task(holds.hold("flooder")) for _ in range(4)]
     other = asyncio.create_task(holds.hold("someone-else"))
     await asyncio.sleep(0)
-    assert [t.done() for t in tasks] == [True, False, False, True]
-    assert tasks[0].result() is True
-    assert tasks[3].result() is False
-    assert other.done()
-    assert other.result() is True
-    assert holds.held == 2
-    assert await asyncio.gather(*tasks[1:3]) == [True, True]
+    assert [t.done() for t in tasks] == [True, False, False, False]
+    assert other.done()  # an identity has its own schedule
+    assert holds.held == 3
+    assert await asyncio.gather(*tasks, other) == [True] * 5
     assert holds.held == 0
 
 
-async def test_holds_are_bounded_over_all_identities_and_released_at_shutdown() -> None:
-    holds = Holds(30.0, 60.0, 2, clock=Clock())
-    first = [await holds.hold(name) for name in ("a", "b")]  # each identity's first: at once
-    waiting = [asyncio.create_task(holds.hold(name)) for name in ("a", "b")]
+async def test_holds_are_bounded_per_identity_and_over_all() -> None:
+    holds = Holds(30.0, 60.0, 3, max_held_per_identity=2, clock=Clock())
+    assert await holds.hold("a") is True  # a first refusal is answered at once
+    waiting = [asyncio.create_task(holds.hold("a")) for _ in range(2)]
     await asyncio.sleep(0)
-    assert first == [True, True]
     assert holds.held == 2
-    assert await holds.hold("c") is True  # a first refusal is never held
-    assert await holds.hold("c") is False  # the second would be: no room, answered at once
+    assert await holds.hold("a") is False  # a third of one identity: answered at once
+    waiting.append(asyncio.create_task(holds.hold("b")))
+    assert await holds.hold("b") is True
+    await asyncio.sleep(0)
+    assert holds.held == 3
+    assert await holds.hold("c") is True  # a first is never held, so needs no room
+    assert await holds.hold("c") is False  # no room left over all: answered at once
     holds.release()
     async with asyncio.timeout(5):  # not the 30 s of their turn
-        assert await asyncio.gather(*waiting) == [True, True]
+        assert await asyncio.gather(*waiting) == [True, True, True]
     assert await holds.hold("d") is False  # released: nothing is held any more
 
 
