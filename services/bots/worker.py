@@ -26,13 +26,13 @@ from services.bots.strategies.knowledge import NoDecision
 from shared.contracts import commands as c
 from shared.contracts.api import BotTurn, QueuedCommand
 from shared.contracts.commands import AnyCommand
+from shared.contracts.compat import decode_bot_turn
 from shared.contracts.names import COMMANDS_QUEUE, bot_queue
 from shared.contracts.views import TableView
 from shared.infra.consumer import Consumer, ConsumerMetrics, Undecodable
 
 log = structlog.get_logger()
 Strategy = Callable[[TableView, random.Random], c.Command]
-_turn_decoder = msgspec.json.Decoder(BotTurn)
 _json = msgspec.json.Encoder()
 
 
@@ -108,7 +108,7 @@ class BotWorker:
 
     def decode(self, body: bytes) -> BotTurn:
         """A turn of a level this worker plays (else it is undecodable here)."""
-        turn = _turn_decoder.decode(body)
+        turn = decode_bot_turn(body)  # its view's legal read leniently (a newer contract)
         if turn.level not in self.strategies:
             raise Undecodable(f"no strategy for the level {turn.level!r}")
         return turn

@@ -12,21 +12,29 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import asyncpg
-import msgspec
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 
 from services.table.store import Change
 from services.table.tables import Actor, Tables
 from shared.contracts.api import QueuedCommand
+from shared.contracts.compat import UnknownCommand, decode_queued_command
 from shared.contracts.names import COMMANDS_QUEUE
 from shared.engine import IllegalAction
-from shared.infra.consumer import Consumer, ConsumerMetrics, in_transaction
+from shared.infra.consumer import Consumer, ConsumerMetrics, Skip, in_transaction
 from shared.infra.db import Conn
 from shared.infra.web import Refused
 
 log = structlog.get_logger()
-_decoder = msgspec.json.Decoder(QueuedCommand)
+
+
+def decode_command(body: bytes) -> QueuedCommand:
+    """A queued command, unknown fields ignored; ``Skip`` for a command type of a newer
+    contract (``shared.contracts.compat``)."""
+    queued = decode_queued_command(body)
+    if isinstance(queued, UnknownCommand):
+        raise Skip(f"unknown command type {queued.type!r} from {queued.source}")
+    return queued
 
 
 class CommandConsumer:
@@ -45,7 +53,7 @@ class CommandConsumer:
         self.committed = committed
         self.runner = Consumer(
             "table_commands",
-            _decoder.decode,
+            decode_command,
             in_transaction(pool, self.apply, self.applied),
             metrics,
             context=lambda q: {"table_id": q.table_id, "command_id": q.command.command_id},

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
@@ -46,8 +45,8 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 from prometheus_client import CollectorRegistry, Counter
 
-from shared.contracts.envelope import Envelope, envelope_decoder
-from shared.contracts.events import AnyEvent
+from shared.contracts.compat import UnknownEvent, decode_envelope
+from shared.contracts.envelope import Envelope
 from shared.infra import db
 
 log = structlog.get_logger()
@@ -293,31 +292,18 @@ def _channel_closed(message: AbstractIncomingMessage) -> bool:
 
 # --- table events -----------------------------------------------------------------------------
 
-KNOWN_EVENT_TYPES = frozenset(
-    event.__struct_config__.tag for event in typing.get_args(AnyEvent) if event is not None
-)
-
-
-class _Typed(msgspec.Struct):
-    type: object = None
-
-
-_typed = msgspec.json.Decoder(_Typed)
-
 
 def decode_event(body: bytes) -> Envelope:
-    """An event's envelope; ``Skip`` for a well-formed envelope of an event type this code
-    does not know (a newer contract's), ``UNDECODABLE`` errors for anything else."""
-    try:
-        return envelope_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        try:
-            kind = _typed.decode(body).type
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            raise exc from None
-        if isinstance(kind, str) and kind and kind not in KNOWN_EVENT_TYPES:
-            raise Skip(f"unknown event type {kind!r}") from exc
-        raise
+    """An event's envelope, read as the compatibility policy says (``shared.contracts.compat``:
+    unknown fields ignored); ``Skip`` for a well-formed envelope of an event type or schema
+    version this code does not know (a newer contract's), ``UNDECODABLE`` errors for anything
+    else."""
+    envelope = decode_envelope(body)
+    if isinstance(envelope, UnknownEvent):
+        raise Skip(
+            f"unknown event type {envelope.type!r} (schema version {envelope.schema_version})"
+        )
+    return envelope
 
 
 def event_context(envelope: Envelope) -> dict[str, object]:
