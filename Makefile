@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
 .PHONY: dev test check fmt bench venv clean servers servers-stop asyncapi openapi docs manifests \
+	browser \
 	contracts-schema
 
 venv: $(STAMP)
@@ -16,8 +17,20 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # The checks run first: CI (.ci/run) calls only `make test`, and a lint or type error fails it.
-test: check
+test: check browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# tests/web drive Debian's Chromium (/usr/bin/chromium): installed here when missing (as root,
+# or with sudo that asks no password). When it cannot be, those tests skip and say why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  echo "make: installing Debian's chromium for the browser tests"; \
+	  mkdir -p .run; \
+	  { $$sudo apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium; \
+	  } >.run/chromium.log 2>&1 || \
+	  echo "make: chromium could not be installed (see .run/chromium.log): tests/web will skip"; }
 
 servers: venv
 	$(BIN)/python scripts/servers.py ensure --state-dir .run/servers --env-file .run/servers.env

@@ -65,6 +65,7 @@ def main() -> int:
     print(
         "\nSelminha Gin is running:\n"
         "  table service  http://127.0.0.1:8080   chat :8081   timers :8082   bots :8083\n"
+        "  play:          open http://127.0.0.1:8080/ in a browser\n"
         '  a token:       curl -s -XPOST localhost:8080/v1/dev/tokens -d \'{"name": "Ana"}\'\n'
         "  a table:       curl -s -XPOST localhost:8080/v1/tables \\\n"
         "                   -H 'Authorization: Bearer TOKEN'\n"

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from services.chat.chat import Chat
 from services.chat.consumer import TableEventConsumer
+from services.chat.dev_cors import allow_dev_page
 from services.chat.http import CHAT, METRICS, ChatMetrics, add_routes, refusals
 from shared.infra import service
 from shared.infra.consumer import ConsumerMetrics
@@ -39,6 +40,8 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(_broker)
     add_routes(app)
+    if settings.dev_tokens:  # the reference client on the table service's origin
+        allow_dev_page(app, settings.public_url)
     service.add_health(app)
     return app
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.table.consumer import CommandConsumer
+from services.table.dev_page import add_dev_page
 from services.table.http import (
     COMMITTED,
     METRICS,
@@ -63,6 +64,8 @@ def create_app(
     app.on_shutdown.append(_close_sockets)
     add_routes(app, settings.dev_tokens)
     add_socket_route(app)
+    if settings.dev_tokens:  # the reference client: development only
+        add_dev_page(app)
     service.add_health(app)
     return app
 

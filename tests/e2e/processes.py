@@ -25,10 +25,12 @@ def free_port() -> int:
 
 
 class Service:
-    """``python -m services.<name>`` with the given settings, on a free port."""
+    """``python -m services.<name>`` with the given settings, on ``port`` or a free one."""
 
-    def __init__(self, module: str, settings: Settings, **extra: str) -> None:
-        self.port = free_port()
+    def __init__(
+        self, module: str, settings: Settings, *, port: int | None = None, **extra: str
+    ) -> None:
+        self.port = port or free_port()
         env = dict(os.environ)
         for field in Settings.__struct_fields__:
             value = getattr(settings, field)

@@ -1,0 +1,221 @@
+"""The reference client (``web/``) in a real browser against the real services.
+
+The table, chat, bots and timers services run as processes on this run's own database and
+broker prefix, with development tokens on (so the table service serves the page). Debian's
+Chromium (``/usr/bin/chromium``, which ``make test`` installs with apt-get when it is missing)
+is driven headless by Playwright for Python; without it, or without the ``playwright``
+package, the browser tests skip and say why. Every screen a test shows is written as a PNG
+under ``test-output/web/`` (git-ignored), to be looked at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import msgspec
+import pytest
+
+from shared.infra import amqp
+from shared.infra.settings import Settings
+from tests.e2e.processes import ROOT, Service, free_port
+
+CHROMIUM = os.environ.get("GIN_CHROMIUM", "/usr/bin/chromium")
+SHOTS = ROOT / "test-output" / "web"
+# The flags Debian's Chromium needs here: root (no sandbox), no GPU, and no calls home
+# (a closed network refuses them, many at a time).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 860}
+# Short enough that a test sees ENCERRAR POR AUSÊNCIA offered, long enough that nobody is
+# absent while the tests play at their own pace.
+ABSENCE_S = 6.0
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """A child started inside writes its stdout and stderr to ``path`` (it inherits fds)."""
+    with path.open("ab") as log:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+@dataclass
+class Stack:
+    """The four services of the page's world; ``base`` is where the page is served."""
+
+    base: str
+    chat: str
+    settings: Settings
+    services: dict[str, Service] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="session")
+def web_settings(settings: Settings) -> Iterator[Settings]:
+    """The run's settings with a database and a broker prefix of their own (these services
+    live for the whole session: on the run's database their relay would publish the other
+    tests' outbox rows), the table service on a port chosen first so that invitation links
+    and the chat's development CORS name it."""
+    base, _, name = settings.database_url.rpartition("/")
+    port = free_port()
+    own = msgspec.structs.replace(
+        settings,
+        database_url=f"{base}/{name}_web",
+        prefix=f"{settings.prefix}web.",
+        http_port=port,
+        public_url=f"http://127.0.0.1:{port}",
+        absence_after_s=ABSENCE_S,
+        bot_think_s=0.05,
+    )
+
+    async def run(sql: str) -> None:
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run(f'CREATE DATABASE "{name}_web"'))
+    yield own
+
+    async def cleanup() -> None:
+        await run(f'DROP DATABASE IF EXISTS "{name}_web" WITH (FORCE)')
+        connection = await aio_pika.connect(own.amqp_url)
+        async with connection:
+            await amqp.delete_topology(await connection.channel(), own.prefix)
+
+    asyncio.run(cleanup())
+
+
+@pytest.fixture(scope="session")
+def stack(web_settings: Settings) -> Iterator[Stack]:
+    """Table (serving the page), chat, bots and timers as processes, ready."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    logs = SHOTS / "services"
+    logs.mkdir(exist_ok=True)
+    services: dict[str, Service] = {}
+    try:
+        for name in ("table", "chat", "bots", "timers"):
+            port = web_settings.http_port if name == "table" else None
+            with _output_to(logs / f"{name}.log"):
+                services[name] = Service(f"services.{name}", web_settings, port=port)
+
+        async def ready() -> None:
+            await asyncio.gather(*(s.ready() for s in services.values()))
+
+        asyncio.run(ready())
+        yield Stack(
+            base=services["table"].base,
+            chat=services["chat"].base,
+            settings=web_settings,
+            services=services,
+        )
+    finally:
+        for service in services.values():
+            service.stop()
+
+
+def _browser_missing() -> str | None:
+    if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+        return (
+            f"no Chromium at {CHROMIUM}: `make test` installs Debian's package `chromium` with "
+            "apt-get; it could not here (no apt-get, no root, or no network)"
+        )
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is missing: `make venv` installs the dev extras"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser(stack: Stack) -> Iterator[Any]:
+    """Headless Debian Chromium, driven by Playwright (never a downloaded browser).
+
+    Per module, and after the services: Playwright's sync API runs an event loop of its own
+    while it is open, and ``asyncio.run`` (the fixtures', the async tests') refuses to run
+    inside one."""
+    missing = _browser_missing()
+    if missing:
+        pytest.skip(missing)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+class Person:
+    """One browser context (one person's window) on the page, with its own storage."""
+
+    def __init__(self, browser: Any, stack: Stack, viewport: dict[str, int], who: str) -> None:
+        self.context = browser.new_context(viewport=viewport, locale="pt-BR")
+        # The page finds the chat service here (it defaults to this host's port 8081).
+        self.context.add_init_script(f"window.GIN_CONFIG = {{chatUrl: {stack.chat!r}}};")
+        self.context.set_default_timeout(15_000)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda exc: self.errors.append(f"{who}: {exc}"))
+        self.stack = stack
+        self.who = who
+
+    def shot(self, name: str) -> Path:
+        """A screenshot of the whole page, for a person to look at."""
+        path = SHOTS / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def state(self, expression: str = "") -> Any:
+        """The page's own state (``window.gin.state``), or an expression of it (``s``)."""
+        return self.page.evaluate(f"() => {{ const s = window.gin.state; return s{expression}; }}")
+
+    def wait(self, predicate: str, timeout_ms: float = 15_000) -> None:
+        """Wait until ``predicate`` (JavaScript over ``s``, the page's state) holds."""
+        self.page.wait_for_function(
+            f"() => {{ const s = window.gin && window.gin.state; return !!s && ({predicate}); }}",
+            timeout=timeout_ms,
+        )
+
+
+@pytest.fixture
+def people(browser: Any, stack: Stack) -> Iterator[Callable[..., Person]]:
+    """``people(viewport, who)`` opens a fresh window; no page error may have happened."""
+    opened: list[Person] = []
+
+    def open_person(viewport: dict[str, int], who: str) -> Person:
+        person = Person(browser, stack, viewport, who)
+        opened.append(person)
+        return person
+
+    yield open_person
+    errors = [e for p in opened for e in p.errors]
+    for person in opened:
+        person.context.close()
+    assert not errors, errors

@@ -1,0 +1,81 @@
+"""A person's hands on the page: sign in, create a table, and play one decision at a time by
+clicking what a person would click (the stock, a card twice, a card dragged, the buttons)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.web.conftest import Person
+
+MY_TURN = "s.view && s.view.hand && s.view.you !== null && s.view.hand.to_act === s.view.you"
+
+
+def sign_in(person: Person, name: str) -> None:
+    """Fill the name form (the page mints a development token)."""
+    form = person.page.locator("#name-form")
+    form.wait_for(state="visible")
+    form.locator("input[name=name]").fill(name)
+    form.get_by_role("button", name="ENTRAR").click()
+    person.wait("s.me !== null")
+
+
+def create_table(person: Person, **options: int) -> str:
+    """Create a table from the lobby's form with these options; the table's id."""
+    form = person.page.locator("#create-form")
+    form.wait_for(state="visible")
+    for name, value in options.items():
+        form.locator(f"input[name={name}]").fill(str(value))
+    form.get_by_role("button", name="CRIAR MESA").click()
+    person.wait("s.view && s.view.status === 'waiting'")
+    return str(person.state(".table"))
+
+
+def board_open(person: Person) -> bool:
+    return bool(person.page.locator("#board").is_visible())
+
+
+def version(person: Person) -> int:
+    return int(person.state(".view.version"))
+
+
+def act(person: Person, *, drag: bool = False, knock: bool = True) -> str:
+    """Make the page's person take one decision if it is theirs; what was done.
+
+    Passes the upcard; draws by clicking the stock; goes BIG GIN, GIN or BATER (without a chosen
+    card: the server picks the discard) when the page shows it and ``knock``; otherwise
+    discards ORGANIZAR's suggested card by clicking it twice (or dragging it to the pile).
+    Waits until the view has moved on.
+    """
+    page = person.page
+    view: dict[str, Any] = person.state(".view")
+    hand = view.get("hand")
+    if board_open(person) or not hand or view["you"] is None or hand["to_act"] != view["you"]:
+        return "wait"
+    before = view["version"]
+    if hand["phase"] == "upcard":
+        page.locator("#actions [data-action=pass_upcard]").click()
+        done = "pass"
+    elif hand["phase"] == "draw":
+        page.locator("#stock").click()
+        done = "draw"
+    else:
+        ending = page.locator("#actions [data-action=big_gin], #actions [data-action=gin]")
+        knocking = page.locator("#actions [data-action=knock]")
+        if knock and ending.count():
+            ending.first.click()
+            done = "gin"
+        elif knock and knocking.count():
+            knocking.click()
+            done = "knock"
+        else:
+            card = hand["my_arrangement"].get("discard") or hand["my_cards"][0]
+            target = page.locator(f"#hand .card[data-card='{card}']")
+            if drag:
+                target.drag_to(page.locator("#discard"))
+                done = "drag"
+            else:
+                target.click()
+                target.click()
+                done = "discard"
+    person.wait(f"s.view.version > {before} || s.boards.length > 0")
+    return done

@@ -1,0 +1,118 @@
+"""A person plays a whole match against TITO on a phone-sized screen, to the end screen."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import requests
+
+from tests.web.conftest import PHONE, Person, Stack
+from tests.web.play import MY_TURN, act, board_open, create_table, sign_in
+
+# A short match: a whole one, to its end screen, in a reasonable time.
+TARGET = 40
+
+
+@pytest.mark.timeout(300)
+def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) -> None:
+    ana: Person = people(PHONE, "ana")
+    page = ana.page
+    page.goto(f"{stack.base}/")
+    ana.shot("01-entrada")
+    sign_in(ana, "Ana")
+    ana.shot("02-nova-mesa")
+
+    # The deck design is the player's, kept by the server (R10.7).
+    page.select_option("#deck-design", "quatro-cores")
+    ana.wait("s.design === 'quatro-cores'")
+    time.sleep(0.3)  # the PUT is on its way
+    token = ana.state(".me.token")
+    prefs = requests.get(
+        f"{stack.base}/v1/players/me/preferences",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    ).json()
+    assert prefs == {"deck_design": "quatro-cores"}
+
+    table = create_table(ana, target=TARGET, gin_bonus=20)
+    assert ana.state(".view.options.target") == TARGET
+    assert ana.state(".view.options.gin_bonus") == 20
+    invite = page.locator("#invite-link").input_value()
+    assert invite.startswith(f"{stack.base}/tables/{table}?invite=")
+    ana.shot("03-mesa-esperando")
+
+    page.locator("#waiting [data-level=tito]").click()
+    ana.wait("s.view.status === 'playing'")
+    assert ana.state(".view.seats[1].bot") == "tito"
+    page.reload()  # the design comes back with the view, from the server
+    ana.wait("s.view && s.view.status === 'playing'")
+    assert "deck-quatro-cores" in (page.locator("body").get_attribute("class") or "")
+
+    # A refusal shows the server's own message: a move out of its phase, on Ana's turn.
+    ana.wait(MY_TURN)
+    hand = ana.state(".view.hand")
+    if hand["phase"] == "draw":  # a discard before drawing
+        card = hand["my_cards"][0]
+        command: dict[str, str] = {"type": "discard", "card": card}
+        page.locator(f"#hand .card[data-card='{card}']").click()
+        page.locator(f"#hand .card[data-card='{card}']").click()
+    else:  # a draw while the upcard waits, or after drawing
+        command = {"type": "draw", "source": "stock"}
+        page.locator("#stock").click()
+    notice = page.locator("#notice")
+    notice.wait_for(state="visible")
+    expected = requests.post(
+        f"{stack.base}/v1/tables/{table}/commands",
+        json=command,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    ).json()["error"]["message"]
+    assert notice.inner_text() == f"Recusado: {expected}"
+
+    done: Counter[str] = Counter()
+    shots: set[str] = set()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        view = ana.state(".view")
+        if board_open(ana):
+            kind = "fim-da-partida" if page.locator("#board .match-board").count() else "fim-da-mao"
+            if kind not in shots:
+                shots.add(kind)
+                ana.shot(f"05-{kind}")
+            if kind == "fim-da-partida":
+                break
+            page.locator("#board [data-action=close-board]").click()
+            continue
+        hand = view.get("hand")
+        if hand and "jogando" not in shots and hand["phase"] == "discard" and hand["to_act"] == 0:
+            shots.add("jogando")
+            ana.shot("04-jogando")
+        result = act(ana, drag=(done["discard"] + done["drag"]) % 2 == 1)
+        done[result] += 1
+        if result == "wait":
+            time.sleep(0.05)
+    else:
+        pytest.fail(f"the match did not end in time: {dict(done)}")
+
+    # The match-end board: the winner, the whole tally (R9.2), and a rematch offered.
+    result = ana.state(".view.match.result")
+    assert result["reason"] == "target"
+    board = page.locator("#board .match-board")
+    for title in ("Pontos", "Mãos ganhas", "Bônus da partida", "Bônus de mão", "Total"):
+        assert board.get_by_text(title, exact=True).is_visible()
+    totals = board.locator("tr.total td").all_inner_texts()
+    assert totals == [str(result["tally"][0]["total"]), str(result["tally"][1]["total"])]
+    assert page.locator("#board [data-action=rematch]").is_visible()
+    assert done["draw"] > 0, done
+    if done["discard"] + done["drag"] >= 2:  # discarding alternates a double click and a drag
+        assert done["discard"] > 0, done
+        assert done["drag"] > 0, done
+
+    # Rematch at the same table: TITO always agrees (R9.4).
+    page.locator("#board [data-action=rematch]").click()
+    ana.wait("s.view.status === 'playing' && s.view.match.number === 2")
+    assert ana.state(".table") == table
+    ana.shot("06-revanche")
