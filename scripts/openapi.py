@@ -328,7 +328,11 @@ OPS: tuple[Op, ...] = (
         "chat",
         "postMessage",
         "Write in the table's chat (seated players only).",
-        "Spectators get 403 `spectators_cannot_chat`.",
+        "Spectators get 403 `spectators_cannot_chat`. A client that sends `after_version` (the "
+        "table version it has seen, say the join's) is answered once the chat has caught up with "
+        "that version (it learns seats from the table's events, milliseconds later), at most about "
+        "2 s, else 503 `chat_catching_up` with `Retry-After`: a person seated at that version is "
+        "never refused.",
         auth="required",
         body="PostMessage",
         ok=(201, "The message's `message_posted` envelope.", "Envelope"),

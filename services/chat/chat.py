@@ -5,6 +5,11 @@ in a seat. Nobody else, a spectator or anyone claiming a bot's seat, ever writes
 has no player id, so no token matches it. Each message gets the table's next number (gap-free,
 from 1) and is stored together with its ``message_posted`` envelope in the outbox, so a
 message is never stored without being published.
+
+The chat learns seats some milliseconds after the table service seats someone: a sender who
+says which table version it has seen (``after_version``) and whom the chat does not see seated
+yet gets ``Behind`` while the chat may still be learning that version (the caller waits and
+tries again), never a refusal.
 """
 
 from __future__ import annotations
@@ -35,6 +40,27 @@ from shared.infra.db import Conn
 from shared.infra.web import Refused
 
 _json = msgspec.json.Encoder()
+SEATS = 2
+
+
+class Behind(Exception):
+    """The chat has not applied the table version the sender has seen: it may yet learn that
+    the sender is seated. Try again shortly."""
+
+
+def may_be_behind(posting: store.Posting | None, after_version: int | None) -> bool:
+    """Whether a sender the chat does not see seated may be seated at ``after_version``.
+
+    Seats are only ever filled (R10.1): once the chat knows both, nobody else will be seated.
+    Else the chat is behind while it has applied no event of ``after_version`` or later (the
+    creator's seat comes with the table's first event, so a table the chat does not know yet
+    is behind too). Without ``after_version`` the chat answers from what it knows.
+    """
+    if after_version is None:
+        return False
+    if posting is None:
+        return True
+    return posting.seats_known < SEATS and posting.version < after_version
 
 
 def envelope_of(message: StoredMessage) -> Envelope:
@@ -62,13 +88,23 @@ class Chat:
         """The clock's time."""
         return datetime.fromtimestamp(self.clock(), UTC)
 
-    async def post(self, conn: Conn, table_id: str, identity: Identity, raw: str) -> Envelope:
-        """Store and publish one message of a seated person; its envelope."""
+    async def post(
+        self,
+        conn: Conn,
+        table_id: str,
+        identity: Identity,
+        raw: str,
+        after_version: int | None = None,
+    ) -> Envelope:
+        """Store and publish one message of a seated person; its envelope. ``Behind`` when the
+        sender is not seated as far as the chat knows, but may be at ``after_version``."""
         try:
             text = clean_text(raw)
         except InvalidText as exc:
             raise Refused(400, "invalid_text", str(exc)) from exc
         posting = await store.lock_for_posting(conn, table_id, identity.id)
+        if (posting is None or posting.seat is None) and may_be_behind(posting, after_version):
+            raise Behind(table_id)
         if posting is None:
             raise Refused(404, "no_such_table", "the chat knows no such table")
         if posting.seat is None or posting.name is None:

@@ -69,6 +69,8 @@ async def apply_event(conn: Conn, envelope: Envelope) -> Outcome:
             await store.close_table(conn, envelope.table_id, status)
         case TableExpired():
             await store.close_table(conn, envelope.table_id, "expired")
+    if envelope.version is not None:
+        await store.saw_version(conn, envelope.table_id, envelope.version)
     return "applied"
 
 

@@ -21,6 +21,8 @@ class Posting(msgspec.Struct, frozen=True, kw_only=True):
     last_message: int
     seat: int | None
     name: str | None
+    version: int  # the highest table version the chat has applied an event of
+    seats_known: int
 
 
 class StoredMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,14 +79,22 @@ async def close_table(conn: Conn, table_id: str, status: TableStatus) -> None:
     )
 
 
+async def saw_version(conn: Conn, table_id: str, version: int) -> None:
+    """The chat has applied an event of this table version (read-your-writes)."""
+    await conn.execute(
+        "UPDATE tables SET version = greatest(version, $2) WHERE table_id = $1", table_id, version
+    )
+
+
 # --- messages -------------------------------------------------------------------------------
 
 
 async def lock_for_posting(conn: Conn, table_id: str, player_id: str) -> Posting | None:
     """Lock the table for this transaction; with it, the caller's seat. None: unknown table."""
     record = await conn.fetchrow(
-        "SELECT t.status, t.last_message, s.seat, s.name FROM tables t"
-        " LEFT JOIN seats s ON s.table_id = t.table_id AND s.player_id = $2"
+        "SELECT t.status, t.last_message, s.seat, s.name, t.version,"
+        " (SELECT count(*) FROM seats k WHERE k.table_id = t.table_id) AS seats_known"
+        " FROM tables t LEFT JOIN seats s ON s.table_id = t.table_id AND s.player_id = $2"
         " WHERE t.table_id = $1 ORDER BY s.seat LIMIT 1 FOR UPDATE OF t",
         table_id,
         player_id,
@@ -96,6 +106,8 @@ async def lock_for_posting(conn: Conn, table_id: str, player_id: str) -> Posting
         last_message=record["last_message"],
         seat=record["seat"],
         name=record["name"],
+        version=record["version"],
+        seats_known=record["seats_known"],
     )
 
 
