@@ -11,6 +11,7 @@ from shared.contracts.names import (
     COMMANDS_QUEUE,
     DEAD_LETTER,
     EVENTS_EXCHANGE,
+    HISTORY_STREAM,
     SOCKETS_EXCHANGE,
     bot_key,
     bot_queue,
@@ -19,6 +20,17 @@ from shared.infra.internals import Outgoing as Outgoing
 from shared.infra.internals import publish_confirmed as publish_confirmed
 
 BOT_LEVELS: tuple[BotLevel, ...] = ("tito", "carmen", "luna")
+# The history of gin.events (docs/subscribing.md): a stream queue that keeps every event for 7
+# days or 20 GB, whichever is reached first (retention drops whole segments of 100 MB), so a
+# new subscriber reads from the first kept event or from a timestamp. The prod overlay declares
+# the same arguments (deploy/k8s/overlays/prod/rabbitmq-topology.yaml): a difference refuses
+# the services' start with PRECONDITION_FAILED.
+HISTORY_ARGUMENTS: dict[str, object] = {
+    "x-queue-type": "stream",
+    "x-max-age": "7D",
+    "x-max-length-bytes": 20_000_000_000,
+    "x-stream-max-segment-size-bytes": 100_000_000,
+}
 
 
 async def connect(url: str) -> AbstractRobustConnection:
@@ -29,7 +41,8 @@ async def connect(url: str) -> AbstractRobustConnection:
 async def declare_topology(channel: AbstractChannel, prefix: str) -> dict[str, AbstractExchange]:
     """Declare the exchanges and shared queues (idempotent); the exchanges by unprefixed name.
 
-    Poison messages of the command and bot queues go to the dead-letter queue.
+    Poison messages of the command and bot queues go to the dead-letter queue. Every event
+    of ``gin.events`` is also kept in the history stream ``HISTORY_STREAM``.
     """
     dead = await channel.declare_exchange(
         prefix + DEAD_LETTER, aio_pika.ExchangeType.FANOUT, durable=True
@@ -45,6 +58,12 @@ async def declare_topology(channel: AbstractChannel, prefix: str) -> dict[str, A
     sockets = await channel.declare_exchange(
         prefix + SOCKETS_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
     )
+    history = await channel.declare_queue(
+        prefix + HISTORY_STREAM,
+        durable=True,
+        arguments=HISTORY_ARGUMENTS,  # type: ignore[arg-type]
+    )
+    await history.bind(events, "#")
     work_queue_args: dict[str, object] = {
         "x-queue-type": "quorum",
         "x-dead-letter-exchange": prefix + DEAD_LETTER,
@@ -71,7 +90,13 @@ async def declare_topology(channel: AbstractChannel, prefix: str) -> dict[str, A
 
 async def delete_topology(channel: AbstractChannel, prefix: str) -> None:
     """Remove what ``declare_topology`` made (test runs clean up their prefix)."""
-    for queue in [COMMANDS_QUEUE, DEAD_LETTER, *(bot_queue(level) for level in BOT_LEVELS)]:
+    queues = [
+        COMMANDS_QUEUE,
+        DEAD_LETTER,
+        HISTORY_STREAM,
+        *(bot_queue(level) for level in BOT_LEVELS),
+    ]
+    for queue in queues:
         await channel.queue_delete(prefix + queue)
     for exchange in (EVENTS_EXCHANGE, BOTS_EXCHANGE, SOCKETS_EXCHANGE, DEAD_LETTER):
         await channel.exchange_delete(prefix + exchange)
