@@ -11,6 +11,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from services.table.bot_turns import BotTurnResend
 from services.table.consumer import CommandConsumer
 from services.table.dev_page import add_dev_page
 from services.table.http import (
@@ -56,7 +57,12 @@ def create_app(
     app[REGISTRY] = registry
     app[METRICS] = CommandMetrics(registry)
     app[TABLES] = Tables(
-        settings.public_url, settings.absence_after_s, settings.expiry_after_s, clock, shuffle
+        settings.public_url,
+        settings.absence_after_s,
+        settings.expiry_after_s,
+        clock,
+        shuffle,
+        bot_resend_s=settings.bot_turn_resend_s,
     )
     app[COMMITTED] = lambda change: _committed(app, change)
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
@@ -83,9 +89,17 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     await consumer.start(app[BROKER])
     app[RELAY] = service.relay(app, SCHEMA, channel, exchanges, digest_to=SOCKETS_EXCHANGE)
     relay = asyncio.create_task(app[RELAY].run(), name="outbox-relay")
+    resend = BotTurnResend(
+        app[POOL],
+        app[TABLES],
+        app[REGISTRY],
+        app[RELAY].committed,
+        resend_s=settings.bot_turn_resend_s,
+    )
+    resending = asyncio.create_task(resend.run(), name="bot-turn-resend")
     yield
     await consumer.stop()
-    await service.cancel(relay)
+    await service.cancel(resending, relay)
     await hub.stop()
     await app[RELAY].close()
     await app[BROKER].close()

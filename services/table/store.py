@@ -174,6 +174,9 @@ async def read_table(conn: Conn, table_id: str) -> TableRow | None:
     return None if record is None else _row(record)
 
 
+OutboxRow = tuple[str, str, bytes, str]  # exchange, routing key, body, message id
+
+
 class Change(msgspec.Struct, kw_only=True):
     """Everything one command writes, saved in one statement (one round trip)."""
 
@@ -185,6 +188,7 @@ class Change(msgspec.Struct, kw_only=True):
     command_id: str | None = None
     actor: str | None = None
     result: bytes | None = None
+    bot_turn_due_at: datetime | None = None  # the bot's turn is sent again then, if no move
     # Views already built for this version, by (seat, deck design): the sockets reuse them.
     views: dict[tuple[int | None, str | None], TableView] = {}
 
@@ -192,7 +196,7 @@ class Change(msgspec.Struct, kw_only=True):
 _SAVE = """
 WITH moved AS (
     UPDATE tables SET seats = $2::jsonb, status = $3, state = $4, version = $5, seq = $6,
-        last_move_at = $7
+        last_move_at = $7, bot_turn_due_at = $20
     WHERE table_id = $1
 ), logged AS (
     INSERT INTO events (table_id, seq, type, envelope)
@@ -235,6 +239,30 @@ async def save_change(conn: Conn, change: Change) -> None:
         None if change.result is None else change.result.decode(),
         [h[0] for h in change.hands],
         [h[1].decode() for h in change.hands],
+        change.bot_turn_due_at,
+    )
+
+
+async def take_due_bot_turns(conn: Conn, now: datetime, limit: int) -> list[TableRow]:
+    """Lock the tables whose bot turn is due by ``now`` (skipping those another transaction
+    holds: a move, or another replica's resend), most overdue first."""
+    records = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM tables WHERE bot_turn_due_at <= $1"
+        " ORDER BY bot_turn_due_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        now,
+        limit,
+    )
+    return [_row(r) for r in records]
+
+
+async def set_bot_turn_due(conn: Conn, table_ids: list[str], due: list[datetime | None]) -> None:
+    """When each table's bot turn is due again (None: no bot turn pending)."""
+    await conn.execute(
+        "UPDATE tables t SET bot_turn_due_at = x.due"
+        " FROM unnest($1::text[], $2::timestamptz[]) AS x(table_id, due)"
+        " WHERE t.table_id = x.table_id",
+        table_ids,
+        due,
     )
 
 

@@ -11,7 +11,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import msgspec
@@ -87,8 +87,10 @@ class Tables:
         expiry_after_s: float,
         clock: Callable[[], float] = time.time,
         shuffle: Shuffle = secure_shuffle,
+        bot_resend_s: float = 30.0,
     ) -> None:
         self.public_url = public_url.rstrip("/")
+        self.bot_resend_after = timedelta(seconds=bot_resend_s)
         self.absence_after_s = absence_after_s
         self.expiry_after_s = expiry_after_s
         self.clock = clock
@@ -361,6 +363,10 @@ class Tables:
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
 
+    def now(self) -> datetime:
+        """The service's clock, as an aware UTC datetime."""
+        return self._now()
+
     def _change(self, row: TableRow, events: list[AnyEvent]) -> store.Change:
         """The new version and seqs, the envelopes, hand records and outbox messages."""
         now = self._now()
@@ -375,14 +381,27 @@ class Tables:
             (EVENTS_EXCHANGE, table_event_key(row.table_id, e.type), body, str(e.id))
             for e, body in zip(envelopes, encoded, strict=True)
         ]
-        turn = self._bot_turn(row)
+        turn = self.bot_turn_message(row)
         if turn is not None:
-            message_id = f"{row.table_id}:{row.version}:bot"
-            messages.append((BOTS_EXCHANGE, bot_key(turn.level), _json.encode(turn), message_id))
+            messages.append(turn)
         hands = [(e.hand, _json.encode(e)) for e in events if isinstance(e, HandEnded)]
         return store.Change(
-            row=row, envelopes=envelopes, encoded=encoded, outbox=messages, hands=hands
+            row=row,
+            envelopes=envelopes,
+            encoded=encoded,
+            outbox=messages,
+            hands=hands,
+            bot_turn_due_at=None if turn is None else now + self.bot_resend_after,
         )
+
+    def bot_turn_message(self, row: TableRow, resent: str = "") -> store.OutboxRow | None:
+        """The outbox row of the bot's turn at this version, if a bot has the turn (``resent``
+        tells a resend's message id apart; the bot's command id is the same every time)."""
+        turn = self._bot_turn(row)
+        if turn is None:
+            return None
+        message_id = f"{row.table_id}:{row.version}:bot" + (f":{resent}" if resent else "")
+        return BOTS_EXCHANGE, bot_key(turn.level), _json.encode(turn), message_id
 
     def _bot_turn(self, row: TableRow) -> BotTurn | None:
         """The bot seat's turn message, when a bot has a decision (R11.4: its view only)."""

@@ -34,6 +34,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     absence_after_s: float = 48 * 3600.0
     expiry_after_s: float = 7 * 86400.0
     bot_think_s: float = 1.0
+    bot_turn_resend_s: float = 30.0  # a bot turn with no move after this is sent again (doubling)
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
     db_pool_size: int = 10
