@@ -22,6 +22,7 @@ const S = {
   selected: null,
   arranged: true, // ORGANIZAR
   boards: [], // end-of-hand and match-end boards still to show, in order
+  revealed: null, // the hand a match ended in the middle of (R9.3)
   log: [],
   socket: null,
   busy: false,
@@ -315,8 +316,10 @@ function handleEvent(envelope, view, quiet) {
     if (view) applyView(view);
     const line = describe(envelope);
     if (line) log(line);
-    if (!quiet && envelope.type === "hand_ended" && envelope.data.how !== "abandoned") {
-      queueBoard({ kind: "hand", record: envelope.data });
+    if (!quiet && envelope.type === "hand_ended") {
+      // A match that ends mid-hand reveals that hand (R9.3): its board goes with the match's.
+      if (envelope.data.how === "abandoned") S.revealed = envelope.data;
+      else queueBoard({ kind: "hand", record: envelope.data });
     }
     if (!quiet && envelope.type === "match_ended") {
       queueBoard({ kind: "match", record: envelope.data });
@@ -550,7 +553,7 @@ function renderSeat(box, v, seat, n) {
   const count = h.card_counts[seat];
   const row = document.createElement("div");
   row.className = "other-hand";
-  for (const card of known) row.append(cardEl(card, { className: "known", tag: "pegou" }));
+  for (const card of known) row.append(cardEl(card, { className: "known mini", tag: "pegou" }));
   for (let i = known.length; i < count; i += 1) row.append(backEl("small"));
   box.append(row);
   const caption = document.createElement("div");
@@ -700,6 +703,10 @@ function renderBoard() {
   const actions = $("board-actions");
   const n = names();
   content.replaceChildren(board.kind === "hand" ? handBoard(board.record, n) : matchBoard(board.record, n));
+  const revealed = S.revealed;
+  if (board.kind === "match" && revealed && revealed.match === board.record.match) {
+    content.append(handBoard(revealed, n));
+  }
   actions.replaceChildren();
   const close = () => {
     S.boards.shift();
@@ -831,6 +838,6 @@ function bindStatic() {
 }
 
 // For the browser tests and the curious: the page's state, read-only by convention.
-window.gin = { state: S };
+window.gin = { state: S, render };
 
 start();

@@ -152,31 +152,41 @@ def _browser_missing() -> str | None:
     return None
 
 
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's Chromium, or a skip that says why there is none (before any service starts)."""
+    missing = _browser_missing()
+    if missing:
+        pytest.skip(missing)
+    return CHROMIUM
+
+
 @pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Any]:
+def browser(chromium: str, stack: Stack) -> Iterator[Any]:
     """Headless Debian Chromium, driven by Playwright (never a downloaded browser).
 
     Per module, and after the services: Playwright's sync API runs an event loop of its own
     while it is open, and ``asyncio.run`` (the fixtures', the async tests') refuses to run
     inside one."""
-    missing = _browser_missing()
-    if missing:
-        pytest.skip(missing)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        launched = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
-            yield chromium
+            yield launched
         finally:
-            chromium.close()
+            launched.close()
 
 
 class Person:
     """One browser context (one person's window) on the page, with its own storage."""
 
     def __init__(self, browser: Any, stack: Stack, viewport: dict[str, int], who: str) -> None:
-        self.context = browser.new_context(viewport=viewport, locale="pt-BR")
+        # A phone's screen has more pixels than CSS pixels: its screenshots are as sharp.
+        scale = 2 if viewport["width"] < 700 else 1
+        self.context = browser.new_context(
+            viewport=viewport, device_scale_factor=scale, locale="pt-BR"
+        )
         # The page finds the chat service here (it defaults to this host's port 8081).
         self.context.add_init_script(f"window.GIN_CONFIG = {{chatUrl: {stack.chat!r}}};")
         self.context.set_default_timeout(15_000)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.web.conftest import PHONE, Person, Stack
+from tests.web.conftest import PHONE, SHOTS, Person, Stack
 from tests.web.play import MY_TURN, act, board_open, create_table, sign_in
 
 # A short match: a whole one, to its end screen, in a reasonable time.
@@ -72,6 +72,18 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
     ).json()["error"]["message"]
     assert notice.inner_text() == f"Recusado: {expected}"
 
+    # ORGANIZAR: the hand as the server arranges it (melds, the loose cards, SOBRA), or in
+    # plain suit order.
+    arrangement = ana.state(".view.hand.my_arrangement")
+    groups = page.locator("#hand .group")
+    assert page.locator("#sobra").inner_text() == f"SOBRA {arrangement['points']}"
+    assert page.locator("#hand .meld").count() == len(arrangement["melds"])
+    page.locator("[data-action=organize]").click()
+    assert groups.count() == 1
+    assert page.locator("#hand .plain .card").count() == len(ana.state(".view.hand.my_cards"))
+    page.locator("[data-action=organize]").click()
+    assert page.locator("#hand .meld").count() == len(arrangement["melds"])
+
     done: Counter[str] = Counter()
     shots: set[str] = set()
     deadline = time.monotonic() + 240
@@ -116,3 +128,18 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
     ana.wait("s.view.status === 'playing' && s.view.match.number === 2")
     assert ana.state(".table") == table
     ana.shot("06-revanche")
+
+    # The stock's count turns red at 4 (R8.3): the page drawn with this view's count at 4.
+    count = page.locator("#stock-count")
+    assert "low" not in (count.get_attribute("class") or "")
+    page.evaluate(
+        """() => {
+            const real = window.gin.state.view;
+            window.gin.state.view = { ...real, hand: { ...real.hand, stock_count: 4 } };
+            window.gin.render();
+            window.gin.state.view = real;
+        }"""
+    )
+    assert count.inner_text() == "4"
+    assert count.evaluate("c => getComputedStyle(c).backgroundColor") == "rgb(200, 16, 46)"
+    page.locator("#stock").screenshot(path=str(SHOTS / "07-monte-com-4.png"))

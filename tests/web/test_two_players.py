@@ -108,8 +108,16 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     assert caio.page.locator("#chat-form input[name=text]").is_disabled()
     assert "quem assiste lê a conversa" in caio.page.locator("#chat-why").inner_text()
 
+    # Duda has only the table's address and no name: she watches too.
+    duda: Person = people(PHONE, "duda")
+    duda.page.goto(f"{stack.base}/tables/{table}")
+    duda.wait("s.view && s.view.status === 'playing' && s.view.you === null")
+    assert duda.state(".me") is None
+    assert duda.page.locator("#hand").count() == 0
+    assert duda.page.locator("#chat-form input[name=text]").is_disabled()
+
     chat(ana, "Boa sorte, Bia!")
-    for person in (bia, caio):
+    for person in (bia, caio, duda):
         sees_chat(person, "Ana: Boa sorte, Bia!")
     chat(bia, "Obrigada!")
     sees_chat(ana, "Bia: Obrigada!")
@@ -122,11 +130,26 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
         hand = ana.state(".view.hand")
         return discards() >= 5 and hand["to_act"] == 0 and hand["phase"] == "draw"
 
+    # Bia draws by clicking the discard pile: the card she took shows in her seat, to all.
+    def bias_draw() -> bool:
+        hand = bia.state(".view.hand")
+        return hand["phase"] == "draw" and hand["to_act"] == 1 and not hand["stock_only"]
+
+    play_until([ana, bia], bias_draw)
+    taken = bia.state(".view.hand.discard_pile")[-1]
+    before = bia.state(".view.version")
+    bia.page.locator("#discard").click()
+    bia.wait(f"s.view.version > {before}")
+    assert taken in bia.state(".view.hand.my_cards")
+    for person in (ana, caio):
+        person.page.locator(f"#seat-top .card.known[data-card='{taken}']").wait_for()
+
     play_until([ana, bia], anas_draw)
     bia.wait(f"s.view.version === {ana.state('.view.version')}")
     ana.shot("11-dois-jogadores")
     bia.shot("12-dois-jogadores-celular")
     caio.shot("13-espectador")
+    duda.shot("13-espectador-celular")
 
     # Bia's socket is cut mid-hand; Ana plays her turn and writes while Bia is away.
     cutter.cut()
