@@ -1,6 +1,13 @@
-"""``python -m bench.flood BASE TABLE_ID SECONDS RATE``: a non-seated identity floods one table
-with commands, RATE per second for SECONDS, from its own process (so its load lands on the
-service, not on the players' client), then prints what it was answered as one JSON line."""
+"""``python -m bench.flood BASE TABLE_ID SECONDS RATE [CONNECTIONS]``: a non-seated identity
+floods one table with commands from its own process (so its load lands on the service, not on
+the players' client), then prints what it was answered as one JSON line.
+
+The flood is open-loop, as an attacker's is: a command is due every 1/RATE s whether or not
+the earlier ones were answered, and goes out on any of CONNECTIONS keep-alive connections
+that is free (each carries one request at a time, as HTTP/1.1 does). A command due while
+every connection waits for an answer is not sent: ``unsent`` counts them, so ``per_s`` is
+what the service let through, ``offered_per_s`` what was asked.
+"""
 
 from __future__ import annotations
 
@@ -15,50 +22,66 @@ import uvloop
 from bench.table_load import SECRET, Line
 from shared.infra.auth import mint
 
-CONNECTIONS = 8  # keep-alive connections, each sending its share on a fixed schedule
+CONNECTIONS = 8
 
 
-async def flood(base: str, table_id: str, seconds: float, rate: float) -> dict[str, object]:
-    """Send ``rate`` commands a second for ``seconds``; the count of each status."""
+async def flood(
+    base: str, table_id: str, seconds: float, rate: float, connections: int = CONNECTIONS
+) -> dict[str, object]:
+    """Offer ``rate`` commands a second for ``seconds``; the count of each status."""
     token = mint(SECRET, "flooder", "Flooder", ttl_s=3600)
     path = f"/v1/tables/{table_id}/commands"
     body = b'{"type":"draw","source":"stock"}'
     statuses: Counter[int] = Counter()
-    late = 0
-    began = time.perf_counter()
+    free = [Line(base, token) for _ in range(connections)]
+    sending: set[asyncio.Task[None]] = set()
+    unsent = 0
 
-    async def line(k: int) -> None:
-        nonlocal late
-        conn = Line(base, token)
-        interval = CONNECTIONS / rate
-        due = began + k * interval / CONNECTIONS
+    async def send(line: Line) -> None:
         try:
-            while due < began + seconds:
-                now = time.perf_counter()
-                if due > now:
-                    await asyncio.sleep(due - now)
-                elif now - due > interval:
-                    late += 1  # the service answered too slowly to keep the pace
-                status, _ = await conn.post(path, body)
-                statuses[status] += 1
-                due += interval
-        finally:
-            conn.close()
+            status, _ = await line.post(path, body)
+            statuses[status] += 1
+        except (OSError, asyncio.IncompleteReadError):
+            statuses[0] += 1  # the connection failed; the next send reconnects
+            line.close()
+            line.reader = line.writer = None
+        free.append(line)
 
-    await asyncio.gather(*(line(k) for k in range(CONNECTIONS)))
+    began = time.perf_counter()
+    due = began
+    while due < began + seconds:
+        now = time.perf_counter()
+        if due > now:
+            await asyncio.sleep(due - now)
+        if free:
+            task = asyncio.create_task(send(free.pop()))
+            sending.add(task)
+            task.add_done_callback(sending.discard)
+        else:
+            unsent += 1
+        due += 1.0 / rate
     elapsed = time.perf_counter() - began
+    if sending:  # the answers still held count too, but not past the round's end
+        await asyncio.wait(sending, timeout=10)
+    for task in sending:
+        task.cancel()
+    for line in free:
+        line.close()
     sent = sum(statuses.values())
     return {
+        "connections": connections,
+        "offered_per_s": rate,
         "sent": sent,
         "per_s": round(sent / elapsed, 1),
+        "unsent": unsent,
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
-        "late": late,
     }
 
 
 def main() -> None:
     base, table_id, seconds, rate = sys.argv[1:5]
-    figures = uvloop.run(flood(base, table_id, float(seconds), float(rate)))
+    connections = int(sys.argv[5]) if len(sys.argv) > 5 else CONNECTIONS
+    figures = uvloop.run(flood(base, table_id, float(seconds), float(rate), connections))
     print(json.dumps(figures), flush=True)
 
 

@@ -52,6 +52,9 @@ FLOOD_THINK_S = float(os.environ.get("BENCH_FLOOD_THINK_S", "1.0"))
 # The flooder shares this machine's two cores with the service; in production it is elsewhere.
 # A niceness for it (0: none) tells its own CPU apart from what the service spends on it.
 FLOOD_NICE = int(os.environ.get("BENCH_FLOOD_NICE", "0"))
+# The flooder's keep-alive connections: one set of flood rounds for each count listed.
+FLOOD_CONNECTIONS = [int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "8,64").split(",")]
+WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
 
 
 def emit(**fields: Any) -> None:
@@ -211,6 +214,7 @@ class Match:
         self.sent_at: dict[tuple[int, int], float] = {}
         self.arrived: dict[tuple[int, int], float] = {}
         self.latencies: list[float] = []
+        self.completed_at: list[float] = []  # when each latency sample completed
         self.moves = 0
         self.errors = 0
         self.acted = [-1, -1]  # the last view version each seat acted on
@@ -257,12 +261,16 @@ class Match:
                     key = (1 - seat, data.event.seq)  # sent by the opponent
                     sent = self.sent_at.pop(key, None)
                     if sent is not None:
-                        self.latencies.append(time.perf_counter() - sent)
+                        self._sample(time.perf_counter() - sent)
                     else:
                         self.arrived[key] = time.perf_counter()
                 view = data.view
                 while view is not None and not self.over and self._my_turn(view, seat):
                     view = await self._move(view, seat)
+
+    def _sample(self, latency: float) -> None:
+        self.latencies.append(latency)
+        self.completed_at.append(time.perf_counter())
 
     def _my_turn(self, view: _View, seat: int) -> bool:
         """A view that asks this seat to act, newer than any it acted on already."""
@@ -294,15 +302,36 @@ class Match:
             key = (seat, result.events[0].seq)
             arrived = self.arrived.pop(key, None)
             if arrived is not None:
-                self.latencies.append(arrived - start)
+                self._sample(arrived - start)
             else:
                 self.sent_at[key] = start
         return result.view
 
 
-async def play(base: str, think_s: float, flood_per_s: float = 0.0) -> dict[str, Any]:
+def p99(samples: list[float]) -> float:
+    """The 99th percentile of some latencies (ms), rounded."""
+    ordered = sorted(samples)
+    return round(ordered[int(len(ordered) * 0.99)], 2)
+
+
+def windows_p99(matches: list[Match], start: float, end: float) -> list[float]:
+    """The p99 (ms) of the samples completed in each whole WINDOW_S of [start, end)."""
+    count = int((end - start) // WINDOW_S)
+    buckets: list[list[float]] = [[] for _ in range(count)]
+    for m in matches:
+        for at, latency in zip(m.completed_at, m.latencies, strict=True):
+            k = int((at - start) // WINDOW_S)
+            if 0 <= k < count:
+                buckets[k].append(latency * 1000)
+    return [p99(b) for b in buckets if b]
+
+
+async def play(
+    base: str, think_s: float, flood_per_s: float = 0.0, flood_connections: int = 8
+) -> dict[str, Any]:
     """N matches at once for SECONDS: the service's figures. With ``flood_per_s``, a
-    non-seated identity floods the first match's table that often, from its own process."""
+    non-seated identity floods the first match's table that often, from its own process, on
+    ``flood_connections`` connections."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         matches = [Match(base, session, n, think_s) for n in range(MATCHES)]
@@ -326,12 +355,14 @@ async def play(base: str, think_s: float, flood_per_s: float = 0.0) -> dict[str,
                 matches[0].table_id,
                 str(SECONDS),
                 str(flood_per_s),
+                str(flood_connections),
                 cwd=ROOT,
                 stdout=asyncio.subprocess.PIPE,
             )
         start = time.perf_counter()
         await asyncio.sleep(SECONDS)
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
+        elapsed = end - start
         flood: dict[str, Any] = {}
         if flooder is not None:
             out, _ = await flooder.communicate()
@@ -342,6 +373,7 @@ async def play(base: str, think_s: float, flood_per_s: float = 0.0) -> dict[str,
         for m in matches:
             m.close()
     lat = sorted(x * 1000 for m in matches for x in m.latencies)
+    windows = windows_p99(matches, start, end)
     return {
         "bench": "table_moves",
         **({"flood": flood} if flood else {}),
@@ -350,6 +382,8 @@ async def play(base: str, think_s: float, flood_per_s: float = 0.0) -> dict[str,
         "seconds": elapsed,
         "command_to_opponent_ws_p50_ms": round(lat[len(lat) // 2], 2),
         "command_to_opponent_ws_p99_ms": round(lat[int(len(lat) * 0.99)], 2),
+        "p99_worst_window_ms": max(windows, default=None),
+        "p99_by_window_ms": windows,
         "refused": sum(m.errors for m in matches),
         "n": moves,
         "moves_per_match_min_median_max": [
@@ -486,27 +520,44 @@ def main() -> None:
 
 
 def flood_rounds(url: str, base: str) -> None:
-    """Paced play (BENCH_FLOOD_THINK_S) alone and with a non-seated identity flooding one of
-    its tables at BENCH_FLOOD_PER_S, alternating ABBA (the machine's drift hits both); the
-    ratio of the median p99s: what the flood costs the seated players."""
-    quiet: list[float] = []
-    flooded: list[float] = []
-    for n in range(ROUNDS):
-        pair = [(0.0, quiet), (FLOOD_PER_S, flooded)]
-        for rate, p99s in pair if n % 2 == 0 else pair[::-1]:  # ABBA: neither always first
-            figures = asyncio.run(published(url, uvloop.run(play(base, FLOOD_THINK_S, rate))))
-            p99s.append(figures["command_to_opponent_ws_p99_ms"])
-            emit(round=n, phase="flood" if rate else "quiet", **figures)
-    emit(
-        bench="flood_vs_quiet",
-        rounds=ROUNDS,
-        flood_per_s=FLOOD_PER_S,
-        think_s=FLOOD_THINK_S,
-        flooder_nice=FLOOD_NICE,
-        quiet_p99_median_ms=statistics.median(quiet),
-        flooded_p99_median_ms=statistics.median(flooded),
-        p99_ratio=round(statistics.median(flooded) / statistics.median(quiet), 3),
-    )
+    """For each BENCH_FLOOD_CONNECTIONS count: paced play (BENCH_FLOOD_THINK_S) alone and
+    with a non-seated identity offering BENCH_FLOOD_PER_S commands to one of its tables on that
+    many connections, alternating ABBA (the machine's drift hits both); the ratio of the
+    median p99s, and of the median worst-window p99s: what the flood costs the seated players."""
+    for connections in FLOOD_CONNECTIONS:
+        quiet: list[dict[str, Any]] = []
+        flooded: list[dict[str, Any]] = []
+        for n in range(ROUNDS):
+            pair = [(0.0, quiet), (FLOOD_PER_S, flooded)]
+            for rate, rounds in pair if n % 2 == 0 else pair[::-1]:  # ABBA: neither first
+                figures = asyncio.run(
+                    published(url, uvloop.run(play(base, FLOOD_THINK_S, rate, connections)))
+                )
+                rounds.append(figures)
+                emit(round=n, phase="flood" if rate else "quiet", **figures)
+        emit(
+            bench="flood_vs_quiet",
+            rounds=ROUNDS,
+            flood_per_s=FLOOD_PER_S,
+            flood_connections=connections,
+            think_s=FLOOD_THINK_S,
+            flooder_nice=FLOOD_NICE,
+            flood_answered_per_s=[f["flood"]["per_s"] for f in flooded],
+            **_ratio(quiet, flooded, "command_to_opponent_ws_p99_ms", "p99"),
+            **_ratio(quiet, flooded, "p99_worst_window_ms", "worst_window_p99"),
+        )
+
+
+def _ratio(
+    quiet: list[dict[str, Any]], flooded: list[dict[str, Any]], field: str, name: str
+) -> dict[str, Any]:
+    a = statistics.median(f[field] for f in quiet)
+    b = statistics.median(f[field] for f in flooded)
+    return {
+        f"quiet_{name}_median_ms": a,
+        f"flooded_{name}_median_ms": b,
+        f"{name}_ratio": round(b / a, 3),
+    }
 
 
 async def _drop_prefix(amqp_url: str, prefix: str) -> None:

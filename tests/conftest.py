@@ -130,6 +130,7 @@ def settings(database_url: str, server_urls: tuple[str, str], run_id: str) -> It
         rate_joins=1_000_000,
         rate_tables=1_000_000,
         rate_sockets=1_000_000,
+        rate_refusals=1_000_000,
     )
 
     async def cleanup() -> None:

@@ -4,6 +4,7 @@ shape."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,7 +37,7 @@ from shared.infra import web as web_edge
 from shared.infra.auth import AuthError, Identity, Verifier, bearer, mint
 from shared.infra.db import Conn
 from shared.infra.ops import REGISTRY
-from shared.infra.ratelimit import RateLimiter
+from shared.infra.ratelimit import RateLimited, RateLimiter
 from shared.infra.service import POOL, SETTINGS
 from shared.infra.web import Refusal, Refused, whole_number
 
@@ -181,11 +182,11 @@ async def get_table(request: web.Request) -> web.Response:
 
 
 async def run_command(request: web.Request, command: Any, identity: Identity) -> bytes:
-    """Apply one person's command in its own transaction, with metrics and log context."""
+    """Apply one person's command in its own transaction, with metrics and log context (its
+    sender's limits are the caller's: ``counted_command``)."""
     app = request.app
     kind = type(command).__name__
     structlog.contextvars.bind_contextvars(command_id=command.command_id)
-    await limit(request, "commands", identity)
     start = time.perf_counter()
     outcome = "refused"
     actor = Actor(kind="person", identity=identity)
@@ -208,8 +209,25 @@ async def post_command(request: web.Request) -> web.Response:
     """``POST /v1/tables/{id}/commands``."""
     identity = identity_of(request)
     assert identity is not None
-    command = command_decoder.decode(await request.read())
-    return json_bytes(await run_command(request, command, identity))
+    async with counted_command(request, identity):
+        command = command_decoder.decode(await request.read())
+        return json_bytes(await run_command(request, command, identity))
+
+
+@contextlib.asynccontextmanager
+async def counted_command(request: web.Request, identity: Identity) -> AsyncIterator[None]:
+    """A person's command, counted against the ``commands`` limit before anything is read;
+    one refused for what it is (a 4xx: a spectator's, a stale one, malformed) also counts
+    against ``refusals``, past which its answer is 429 (held back) instead: a client whose
+    commands are all refused is slowed after a few dozen, not after the commands limit."""
+    await limit(request, "commands", identity)
+    try:
+        yield
+    except Exception as exc:
+        refusal = refusal_of(exc)
+        if refusal is not None and refusal[0] < 500 and not isinstance(exc, RateLimited):
+            await limit(request, "refusals", identity)
+        raise
 
 
 async def get_events(request: web.Request) -> web.Response:

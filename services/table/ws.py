@@ -38,7 +38,14 @@ from aiormq.abc import DeliveredMessage
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.table import store
-from services.table.http import TABLES, identity_of, limit, refusal_of, run_command
+from services.table.http import (
+    TABLES,
+    counted_command,
+    identity_of,
+    limit,
+    refusal_of,
+    run_command,
+)
 from services.table.store import Change, TableRow
 from services.table.tables import Tables
 from shared.contracts.api import ErrorDetail, WsCommand, WsError, WsEvent, WsSnapshot
@@ -590,10 +597,12 @@ async def _on_message(request: web.Request, client: Client, msg: WSMessage) -> N
 
 async def _on_text(request: web.Request, client: Client, text: str) -> None:
     try:
-        message = _ws_command.decode(text)
         if client.identity is None:
+            _ws_command.decode(text)  # a malformed frame is told so first
             raise AuthError("connect with ?token=... to send commands")
-        raw = await run_command(request, message.command, client.identity)
+        async with counted_command(request, client.identity):
+            message = _ws_command.decode(text)
+            raw = await run_command(request, message.command, client.identity)
         request.app[HUB].send(client, b'{"kind":"result","result":' + raw + b"}")
     except Exception as exc:
         refusal = refusal_of(exc)

@@ -52,6 +52,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_tables_window_s: float = 3600.0
     rate_sockets: int = 120
     rate_sockets_window_s: float = 60.0
+    rate_refusals: int = 60  # commands refused for what they are (4xx): a spectator's, say
+    rate_refusals_window_s: float = 60.0
     rate_sync_s: float = 0.2  # how often a replica shares its counts with the others
     # Past its limit, an identity's refusals are answered one per interval, each held at most
     # hold_max_s, at most holds_max held at once (ratelimit.Holds); the rest are answered at once.

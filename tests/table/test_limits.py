@@ -30,6 +30,9 @@ def app_of(api: Api) -> Any:
     return client.app
 
 
+PLAIN_MOVES = ("pass_upcard", "take_upcard", "draw", "discard")
+
+
 def limited(settings: Settings, **limits: Any) -> Settings:
     return msgspec.structs.replace(settings, **limits)
 
@@ -239,3 +242,39 @@ async def test_a_flooders_refusals_are_held_back_and_answered_when_the_replica_s
     async with session, await late as r:
         assert_error(r.status, await r.json(), 429, "rate_limited", None)
         assert int(r.headers["Retry-After"]) >= 1
+
+
+async def test_refused_commands_have_a_limit_of_their_own_over_http_and_the_socket(
+    settings: Settings,
+) -> None:
+    """Commands refused for what they are (a spectator's, a malformed one) count against
+    ``refusals``, far below the commands limit: past it they answer 429, on either route,
+    while the seated players' moves, never refused, are not counted."""
+    s = limited(settings, rate_refusals=3, rate_commands=1000, rate_hold_interval_s=0.0)
+    async with open_api(s) as api:
+        table_id, ana, bia = await api.table_for_two()
+        path = f"/v1/tables/{table_id}/commands"
+        caio = api.token("Caio")
+        status, body, _ = await answer(api, "POST", path, caio, {"type": "resign"})
+        assert_error(status, body, 403, "not_seated", "R10.1")
+        status, body, _ = await answer(api, "POST", path, caio, {"type": "fly"})
+        assert_error(status, body, 400, "unknown_command", None)
+        async with api.client.post(path, data=b"{", headers=api.auth(caio)) as r:
+            assert_error(r.status, await r.json(), 400, "malformed_json", None)
+        before = await all_events(api, table_id)
+        status, body, headers = await answer(api, "POST", path, caio, {"type": "resign"})
+        assert_error(status, body, 429, "rate_limited", None)
+        assert int(headers["Retry-After"]) >= 1
+        async with api.client.ws_connect(f"/v1/tables/{table_id}/ws?token={caio}") as ws:
+            assert (await ws.receive_json())["kind"] == "snapshot"
+            await ws.send_json({"command": {"type": "resign"}})
+            reply = await ws.receive_json()
+            assert reply["kind"] == "error"
+            assert reply["error"]["code"] == "rate_limited"
+        assert await all_events(api, table_id) == before
+        for _ in range(5):  # the players' accepted moves are never refusals
+            seat = (await api.view(table_id))["hand"]["to_act"]
+            view = await api.view(table_id, [ana, bia][seat])
+            move = next(m for m in view["legal"] if m["type"] in PLAIN_MOVES)
+            status, body = await api.command(table_id, [ana, bia][seat], **move)
+            assert status == 200, body
