@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
 .PHONY: dev test check fmt bench venv clean servers servers-stop asyncapi openapi docs manifests \
 	browser \
-	contracts-schema
+	contracts-schema contracts-dist
 
 venv: $(STAMP)
 
@@ -68,6 +68,11 @@ contracts-schema: venv
 	$(BIN)/python scripts/contracts_schema.py
 
 docs: asyncapi openapi contracts-schema
+
+# shared/contracts alone, as the wheel selminha-gin-contracts (msgspec its only dependency) in
+# dist/: what other teams' services install to read the events (docs/subscribing.md).
+contracts-dist: venv
+	$(BIN)/python scripts/build_contracts.py dist
 
 manifests:
 	kubectl kustomize deploy/k8s/overlays/dev
