@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,15 +40,18 @@ async def create_pool(
     size: int,
     acquire_timeout_s: float | None = None,
     statement_timeout_s: float | None = None,
+    on_wait: Callable[[float], None] | None = None,
 ) -> asyncpg.Pool:
     """A fair pool whose connections see the service's schema first; an acquire waits at most
-    ``acquire_timeout_s`` and PostgreSQL cancels a statement after ``statement_timeout_s``."""
+    ``acquire_timeout_s`` (``on_wait`` is told how long each waited) and PostgreSQL cancels a
+    statement after ``statement_timeout_s``."""
     server_settings = {"search_path": schema, "application_name": f"gin-{schema}"}
     if statement_timeout_s:
         server_settings["statement_timeout"] = str(int(statement_timeout_s * 1000))
     pool = FairPool(
         url,
         acquire_timeout_s=acquire_timeout_s,
+        on_wait=on_wait,
         min_size=1,
         max_size=size,
         max_queries=50_000,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any, NamedTuple
@@ -90,23 +91,35 @@ class FairPool(asyncpg.Pool):
     its waiters in order and lets no one past them, now decides who gets the next connection.
     """
 
-    def __init__(self, *args: Any, acquire_timeout_s: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        acquire_timeout_s: float | None = None,
+        on_wait: Callable[[float], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._turns = asyncio.Semaphore(kwargs["max_size"])
         self._acquire_timeout_s = acquire_timeout_s
+        self._on_wait = on_wait  # told how long each acquire waited for its turn (seconds)
 
     async def _acquire(self, timeout: float | None) -> Any:  # noqa: ASYNC109 (asyncpg.Pool's)
         """A connection in turn; PoolExhausted when none came within the timeout (the
         caller's, else the pool's): a request then answers 503 instead of waiting unbounded."""
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(timeout or self._acquire_timeout_s):
                 await self._turns.acquire()
+                if self._on_wait is not None:
+                    self._on_wait(time.perf_counter() - started)
                 try:
                     return await super()._acquire(None)  # type: ignore[misc]
                 except BaseException:
                     self._turns.release()
                     raise
         except TimeoutError as exc:
+            if self._on_wait is not None:
+                self._on_wait(time.perf_counter() - started)
             raise PoolExhausted("no database connection came free in time") from exc
 
     async def release(self, connection: Any, *, timeout: float | None = None) -> None:  # noqa: ASYNC109

@@ -1,12 +1,25 @@
-"""The routes every service answers: /healthz, /readyz and Prometheus /metrics."""
+"""The routes every service answers: /healthz, /readyz and Prometheus /metrics; and what
+every service measures: its process (CPU, memory, file descriptors, garbage collections) and
+each HTTP route's latency and status (5xx included)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
 Check = Callable[[], Awaitable[object]]
 REGISTRY = web.AppKey("registry", CollectorRegistry)
@@ -37,6 +50,60 @@ def add_ops_routes(app: web.Application, checks: Mapping[str, Check]) -> None:
         body = generate_latest(request.app[REGISTRY])
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    instrument(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def instrument(app: web.Application) -> None:
+    """The process collectors on the app's registry, and the per-route middleware, outermost
+    (it sees every answer as sent, a refusal's or aiohttp's own)."""
+    registry = app[REGISTRY]
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    app.middlewares.insert(0, route_metrics(registry))
+
+
+def route_metrics(registry: CollectorRegistry) -> Middleware:
+    """A middleware counting each request by method, route (its pattern, never the path) and
+    status, and timing it; an exception that becomes aiohttp's 500 is counted as 500."""
+    seconds = Histogram(
+        "gin_http_request_seconds",
+        "Time to answer an HTTP request, by method and route (a WebSocket: its whole life)",
+        ["method", "route"],
+        registry=registry,
+        buckets=LATENCY_BUCKETS,
+    )
+    answers = Counter(
+        "gin_http_responses",
+        "HTTP answers by method, route and status (5xx: the service failed the request)",
+        ["method", "route", "status"],
+        registry=registry,
+    )
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = 499  # the client went away first
+            raise
+        finally:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "unmatched"
+            seconds.labels(request.method, route).observe(time.perf_counter() - started)
+            answers.labels(request.method, route, str(status)).inc()
+
+    return middleware

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import asyncpg
 import msgspec
@@ -18,6 +19,7 @@ import structlog
 import uvloop
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
 from aiohttp import web
+from prometheus_client import Histogram
 
 from shared.infra import amqp, db
 from shared.infra.auth import UnsafeTokenSettings, check_token_settings
@@ -51,11 +53,23 @@ def database(schema: str, migrations: Path) -> CleanupCtx:
             settings.db_pool_size,
             acquire_timeout_s=settings.db_acquire_timeout_s,
             statement_timeout_s=settings.db_statement_timeout_s,
+            on_wait=pool_wait(app).observe,
         )
         yield
         await close_pool(app[POOL], settings.shutdown_grace_s)
 
     return ctx
+
+
+def pool_wait(app: web.Application) -> Histogram:
+    """The histogram of how long each database connection was waited for."""
+    return Histogram(
+        "gin_db_pool_wait_seconds",
+        "Time a request or message waited for a database connection (over"
+        " GIN_DB_ACQUIRE_TIMEOUT_S: answered 503 busy)",
+        registry=app[REGISTRY],
+        buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+    )
 
 
 async def close_pool(pool: asyncpg.Pool, grace_s: float) -> None:
@@ -120,20 +134,66 @@ async def cancel(*tasks: asyncio.Task[None], grace_s: float = 10.0) -> None:
             task.result()
 
 
+class DatabaseProbe:
+    """Readiness's own PostgreSQL connection, not one of the pool's: a probe never queues
+    behind players' moves for a connection (a busy replica is not a broken one), and a lost
+    connection is made again at the next probe."""
+
+    def __init__(self, url: str, timeout_s: float = 1.5) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.conn: asyncpg.Connection | None = None
+        self.lock = asyncio.Lock()
+
+    async def check(self) -> None:
+        """``SELECT 1`` on the probe's connection (made first if need be); raise if it fails."""
+        async with self.lock:
+            try:
+                if self.conn is None or self.conn.is_closed():
+                    self.conn = await asyncpg.connect(
+                        self.url,
+                        timeout=self.timeout_s,
+                        server_settings={"application_name": "gin-readiness"},
+                    )
+                await self.conn.fetchval("SELECT 1", timeout=self.timeout_s)
+            except BaseException:
+                await self.close()
+                raise
+
+    async def close(self) -> None:
+        """Close the probe's connection, if any (never raises)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.terminate()
+
+
 def add_health(app: web.Application, database: bool = True) -> None:
-    """/healthz, /readyz (PostgreSQL and RabbitMQ reachable) and /metrics."""
+    """/healthz, /readyz (PostgreSQL and RabbitMQ reachable) and /metrics.
+
+    PostgreSQL is probed on a connection of its own (``DatabaseProbe``); RabbitMQ by whether
+    the robust connection is connected now (it is never "closed" while it reconnects)."""
+    probe: DatabaseProbe | None = None
 
     async def postgresql() -> None:
-        async with app[POOL].acquire() as conn:
-            await conn.fetchval("SELECT 1")
+        nonlocal probe
+        if probe is None:
+            probe = DatabaseProbe(app[SETTINGS].database_url)
+        await probe.check()
+
+    async def close_probe(_: web.Application) -> None:
+        if probe is not None:
+            await probe.close()
 
     async def rabbitmq() -> None:
         if BROKER not in app or app[BROKER].is_closed:
-            raise ConnectionError("the RabbitMQ connection is down")
+            raise ConnectionError("the RabbitMQ connection is closed")
+        if not app[BROKER].connected.is_set():
+            raise ConnectionError("RabbitMQ is unreachable: reconnecting")
 
     checks: dict[str, Callable[[], Awaitable[object]]] = {"rabbitmq": rabbitmq}
     if database:
         checks = {"postgresql": postgresql, **checks}
+        app.on_cleanup.append(close_probe)
     add_ops_routes(app, checks)
 
 
@@ -148,15 +208,18 @@ def main(
     A service that ``verifies_tokens`` exits at once (one line, status 1) with settings it
     must not verify them with (``auth.check_token_settings``); every service exits so on a
     library version ``internals`` was not tested with."""
-    refuse_untested_versions()
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except msgspec.ValidationError as exc:
+        refuse(f"a setting is not valid: {exc}")
+    refuse_untested_versions(settings)
     if default_port is not None and env_name("http_port") not in os.environ:
         settings = msgspec.structs.replace(settings, http_port=default_port)
-    configure(settings.log_format, settings.log_level)
+    configure(settings.log_format, settings.log_level, service_name(create_app))
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     if sys.argv[1:] == ["migrate"]:
         if migrate_only is None:
-            sys.exit("this service has no database to migrate")
+            refuse("this service has no database to migrate", settings)
         asyncio.run(migrate_only(settings))
         return
     if verifies_tokens:
@@ -172,13 +235,30 @@ def main(
     )
 
 
-def refuse_untested_versions() -> None:
+def service_name(create_app: Callable[..., object]) -> str:
+    """``table`` for ``services.table.app.create_app``: the ``service`` of its log lines."""
+    parts = create_app.__module__.split(".")
+    return parts[1] if parts[0] == "services" and len(parts) > 1 else create_app.__module__
+
+
+def refuse(reason: str, settings: Settings | None = None) -> NoReturn:
+    """Exit 1 with one line on stderr: a JSON object when the logs are JSON (the default),
+    else ``refusing to start: <reason>``."""
+    log_format = settings.log_format if settings else os.environ.get(env_name("log_format"), "json")
+    if log_format == "json":
+        line = {"event": "refusing_to_start", "level": "critical", "reason": reason}
+        sys.stderr.write(msgspec.json.encode(line).decode() + "\n")
+        sys.exit(1)
+    sys.exit(f"refusing to start: {reason}")
+
+
+def refuse_untested_versions(settings: Settings | None = None) -> None:
     """Exit with one line when asyncpg or aiormq is at a version whose internals
     (``shared/infra/internals.py``) were not tested."""
     try:
         check_versions()
     except UntestedVersion as exc:
-        sys.exit(f"refusing to start: {exc}")
+        refuse(str(exc), settings)
 
 
 def refuse_unsafe_token_settings(settings: Settings) -> None:
@@ -187,7 +267,7 @@ def refuse_unsafe_token_settings(settings: Settings) -> None:
     try:
         check_token_settings(settings)
     except UnsafeTokenSettings as exc:
-        sys.exit(f"refusing to start: {exc}")
+        refuse(str(exc), settings)
 
 
 async def _freeze_heap(app: web.Application) -> None:

@@ -28,15 +28,28 @@ class Service:
     """``python -m services.<name>`` with the given settings, on ``port`` or a free one."""
 
     def __init__(
-        self, module: str, settings: Settings, *, port: int | None = None, **extra: str
+        self,
+        module: str,
+        settings: Settings,
+        *,
+        port: int | None = None,
+        log_to: Path | None = None,
+        **extra: str,
     ) -> None:
         self.port = port or free_port()
         env = dict(os.environ)
         for field in Settings.__struct_fields__:
             value = getattr(settings, field)
             env[env_name(field)] = str(value).lower() if isinstance(value, bool) else str(value)
-        env.update(GIN_HTTP_PORT=str(self.port), GIN_LOG_LEVEL="warning", **extra)
-        self.proc = subprocess.Popen([sys.executable, "-m", module], env=env, cwd=ROOT)
+        env.update({"GIN_HTTP_PORT": str(self.port), "GIN_LOG_LEVEL": "warning", **extra})
+        self.output = None if log_to is None else log_to.open("wb")  # stdout and stderr
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module],
+            env=env,
+            cwd=ROOT,
+            stdout=self.output,
+            stderr=None if self.output is None else subprocess.STDOUT,
+        )
         self.base = f"http://127.0.0.1:{self.port}"
 
     async def ready(self, within_s: float = 30.0) -> None:
@@ -68,3 +81,5 @@ class Service:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.output is not None:
+            self.output.close()

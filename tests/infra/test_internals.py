@@ -4,6 +4,7 @@ exits at once with one line naming the library."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,17 +65,26 @@ def test_a_service_on_an_untested_asyncpg_refuses_to_start_with_one_line(module:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIN_")}
     env.update(GIN_HTTP_PORT=str(free_port()), GIN_DATABASE_URL="postgresql://x@127.0.0.1:1/x")
-    done = subprocess.run(
-        [sys.executable, "-c", pretend],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    reason = (
+        "asyncpg 0.99.0 is not a version shared/infra/internals.py was tested with (>=0.32,<0.33)"
     )
-    assert done.returncode == 1
-    assert done.stdout == ""
-    assert done.stderr.splitlines() == [
-        "refusing to start: asyncpg 0.99.0 is not a version shared/infra/internals.py was"
-        " tested with (>=0.32,<0.33)"
-    ]
+    for log_format in ("console", "json"):
+        done = subprocess.run(
+            [sys.executable, "-c", pretend],
+            env={**env, "GIN_LOG_FORMAT": log_format},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1
+        assert done.stdout == ""
+        if log_format == "console":
+            assert done.stderr.splitlines() == [f"refusing to start: {reason}"]
+        else:
+            [line] = done.stderr.splitlines()
+            assert json.loads(line) == {
+                "event": "refusing_to_start",
+                "level": "critical",
+                "reason": reason,
+            }
