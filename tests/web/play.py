@@ -38,6 +38,21 @@ def version(person: Person) -> int:
     return int(person.state(".view.version"))
 
 
+def endings_follow_legal(person: Person, view: dict[str, Any]) -> None:
+    """BATER, GIN and BIG GIN show exactly when ``legal`` offers them (no card chosen: GIN when
+    some discard leaves no deadwood, else BATER when some discard is within the limit)."""
+    knocks = [c["deadwood"] for c in view["legal"] if c["type"] == "knock"]
+    shown = {
+        action: person.page.locator(f"#actions [data-action={action}]").count() > 0
+        for action in ("knock", "gin", "big_gin")
+    }
+    assert shown == {
+        "knock": bool(knocks) and min(knocks) > 0,
+        "gin": bool(knocks) and min(knocks) == 0,
+        "big_gin": any(c["type"] == "big_gin" for c in view["legal"]),
+    }, (shown, view["legal"])
+
+
 def act(person: Person, *, drag: bool = False, knock: bool = True) -> str:
     """Make the page's person take one decision if it is theirs; what was done.
 
@@ -59,6 +74,7 @@ def act(person: Person, *, drag: bool = False, knock: bool = True) -> str:
         page.locator("#stock").click()
         done = "draw"
     else:
+        endings_follow_legal(person, view)
         ending = page.locator("#actions [data-action=big_gin], #actions [data-action=gin]")
         knocking = page.locator("#actions [data-action=knock]")
         if knock and ending.count():
