@@ -6,6 +6,12 @@ did not. The weights start at one and are multiplied by those hints. A sampled h
 opponent's known cards plus hidden ones drawn by weight; to model a hand that has been
 improving for several turns, a few extra cards are drawn and the worst ones dropped again,
 as a player keeping its best ten would.
+
+Then the sampled hands are weighed against what the opponent did (importance resampling):
+a player takes a pile top that melds with its hand and does not throw a card that melds, so
+a hand with which a card it declined or threw would have made a meld is kept with a much
+lower weight (``MELDED_HINT``). Per-card weights cannot say "not two cards that meld with
+this one"; a whole sampled hand can.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ DECLINED = (0.8, 0.95)  # the neighbours of a pile top it passed on
 DEVELOP = 1.0  # extra cards drawn and dropped again per stock draw of the opponent ...
 DEVELOP_CAP = 3  # ... up to this many
 REDRAWS = 2  # draws of a hand it would have knocked with, before one is kept
+MELDED_HINT = 0.15  # the likelihood of a hand with which a card it declined or threw melds
+OVERSAMPLE = 3  # hands drawn per hand kept, when hints reweight them
 
 
 def _neighbours(card: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -34,6 +42,39 @@ def _neighbours(card: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 NEIGHBOURS = tuple(_neighbours(card) for card in range(52))
+
+
+def _meld_partners(card: int) -> tuple[int, tuple[int, ...]]:
+    """The other cards of ``card``'s rank, and each pair of its suit it would make a run with."""
+    rank, suit = card % 13, card // 13
+    mates = sum(1 << (s * 13 + rank) for s in range(4) if s != suit)
+    pairs = tuple(
+        1 << (card + a) | 1 << (card + b)
+        for a, b in ((-2, -1), (-1, 1), (1, 2))
+        if rank + a >= 0 and rank + b < 13
+    )
+    return mates, pairs
+
+
+PARTNERS = tuple(_meld_partners(card) for card in range(52))
+
+
+def melds_with(card: int, hand: int) -> bool:
+    """Whether ``card`` would make a meld (or join one) with two cards of ``hand``."""
+    mates, pairs = PARTNERS[card]
+    if (hand & mates).bit_count() >= 2:
+        return True
+    return any(hand & pair == pair for pair in pairs)
+
+
+def hint_likelihood(k: Knowledge, hand: int, hint: float = MELDED_HINT) -> float:
+    """How well a sampled opponent hand agrees with the pile tops it declined and the cards
+    it threw: a player rarely passes on, or throws, a card that melds with its hand."""
+    likelihood = 1.0
+    for card in cards_of((k.opp_passed | k.opp_discards) & ~k.opp_known):
+        if melds_with(card, hand):
+            likelihood *= hint
+    return likelihood
 
 
 def opponent_weights(k: Knowledge) -> list[float]:
@@ -73,21 +114,28 @@ def sample_hands(
     """``count`` plausible opponent hands (masks of all its cards, known ones included).
 
     A hand the opponent could have knocked with is redrawn (up to ``REDRAWS`` times) once the
-    opponent has ended a turn without knocking: most players knock when they can.
+    opponent has ended a turn without knocking: most players knock when they can. When it has
+    declined or thrown cards, ``OVERSAMPLE`` times as many hands are drawn and ``count`` of
+    them kept by their ``hint_likelihood``.
     """
     pool = [card for card in range(52) if weights[card] > 0]
     hidden = max(0, min(k.opp_hidden, len(pool)))
     extra = min(round(develop * k.opp_stock_draws), cap, len(pool) - hidden)
     inverse = [1.0 / weights[card] for card in pool]
     would_have_knocked = k.knock_limit if k.stock_count < STOCK_AT_DEAL - 1 else -1
+    hinted = (k.opp_passed | k.opp_discards) & ~k.opp_known
+    drawn = count * OVERSAMPLE if hinted and OVERSAMPLE > 1 else count
     hands = []
-    for _ in range(count):
+    for _ in range(drawn):
         for _ in range(REDRAWS + 1):
             mask = _draw_hand(k, pool, inverse, hidden, extra, rng)
             if deadwood_points(mask) > would_have_knocked:
                 break
         hands.append(mask)
-    return hands
+    if drawn == count:
+        return hands
+    likelihoods = [hint_likelihood(k, hand, MELDED_HINT) for hand in hands]
+    return rng.choices(hands, weights=likelihoods, k=count)
 
 
 def _draw_hand(
