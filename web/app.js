@@ -25,6 +25,7 @@ const S = {
   revealed: null, // the hand a match ended in the middle of (R9.3)
   log: [],
   socket: null,
+  snapshots: 0, // one per (re)connection of the table socket
   busy: false,
   confirmResign: false,
   design: "classico",
@@ -203,6 +204,7 @@ async function openTable(table, view = null) {
 let firstSnapshot = true;
 
 async function onSnapshot(view) {
+  S.snapshots += 1;
   const missedAfter = S.lastSeq;
   applyView(view, true);
   try {

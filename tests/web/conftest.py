@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ import aio_pika
 import asyncpg
 import msgspec
 import pytest
+import requests
 
 from shared.infra import amqp
 from shared.infra.settings import Settings
@@ -72,6 +74,24 @@ class Stack:
     chat: str
     settings: Settings
     services: dict[str, Service] = field(default_factory=dict)
+
+    def restart_table(self) -> None:
+        """SIGTERM to the table service (its sockets close with 1001), then a new one on the
+        same port: what a deploy does to a player mid-match."""
+        old = self.services["table"]
+        old.stop()
+        with _output_to(SHOTS / "services" / "table.log"):
+            new = Service("services.table", self.settings, port=old.port)
+        self.services["table"] = new
+        # No asyncio.run here: a test calls this while Playwright's loop runs.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert new.proc.poll() is None, "the new table service exited"
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{new.base}/readyz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError("the new table service did not become ready")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from tests.web.conftest import PHONE, SHOTS, Person, Stack
-from tests.web.play import MY_TURN, act, board_open, create_table, sign_in
+from tests.web.play import MY_TURN, act, board_open, create_table, sign_in, version
 
 # A short match: a whole one, to its end screen, in a reasonable time.
 TARGET = 40
@@ -86,6 +86,7 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
 
     done: Counter[str] = Counter()
     shots: set[str] = set()
+    restarted = 0
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         view = ana.state(".view")
@@ -102,6 +103,15 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
         if hand and "jogando" not in shots and hand["phase"] == "discard" and hand["to_act"] == 0:
             shots.add("jogando")
             ana.shot("04-jogando")
+        if hand and not restarted and len(hand["discard_pile"]) >= 3 and hand["to_act"] == 0:
+            # The table service restarts mid-match: the page's socket closes (1001), the
+            # page reconnects by itself to the new process and plays on.
+            restarted = version(ana)
+            connections = ana.state(".snapshots")
+            stack.restart_table()
+            ana.wait(f"s.snapshots > {connections}")
+            page.locator("#conn[data-state=open]").wait_for()
+            ana.wait(f"s.view.version >= {restarted}")
         result = act(ana, drag=(done["discard"] + done["drag"]) % 2 == 1)
         done[result] += 1
         if result == "wait":
@@ -118,6 +128,7 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
     totals = board.locator("tr.total td").all_inner_texts()
     assert totals == [str(result["tally"][0]["total"]), str(result["tally"][1]["total"])]
     assert page.locator("#board [data-action=rematch]").is_visible()
+    assert restarted, "the table service was not restarted mid-match"
     assert done["draw"] > 0, done
     if done["discard"] + done["drag"] >= 2:  # discarding alternates a double click and a drag
         assert done["discard"] > 0, done

@@ -165,7 +165,9 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
 
     # The page reconnects by itself and resumes from its last seq: the view, the events it
     # missed (in its log) and the chat.
+    connections = bia.state(".snapshots")
     cutter.restore()
+    bia.wait(f"s.snapshots > {connections}")
     bia.page.locator("#conn[data-state=open]").wait_for()
     bia.wait(f"s.view.version === {ana.state('.view.version')}")
     bia.page.locator("#log li", has_text=f"Ana descartou {label(missed)}.").wait_for()
