@@ -81,6 +81,13 @@ function notice(text, kind = "error") {
 function refused(err) {
   if (err instanceof Refusal) notice(`Recusado: ${err.message}`);
   else notice(`Erro: ${err.message || err}`);
+  if (err instanceof Refusal && err.status === 401 && S.me) {
+    // A token this server no longer takes (its secret changed, say): ask the name again.
+    sessionStorage.removeItem("gin.me");
+    S.me = null;
+    renderWho();
+    askName("Sua sessão não vale mais neste servidor: diga seu nome de novo.", () => location.reload());
+  }
 }
 
 // --- screens --------------------------------------------------------------------------------
