@@ -499,7 +499,7 @@ def main() -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         asyncio.run(database(admin, name, False))
-        asyncio.run(_drop_prefix(urls["GIN_AMQP_URL"], f"bench-{name}."))
+        asyncio.run(drop_prefix(urls["GIN_AMQP_URL"], f"bench-{name}."))
 
 
 def flood_rounds(url: str, base: str) -> None:
@@ -543,7 +543,7 @@ def _ratio(
     }
 
 
-async def _drop_prefix(amqp_url: str, prefix: str) -> None:
+async def drop_prefix(amqp_url: str, prefix: str) -> None:
     import aio_pika
 
     from shared.infra import amqp

@@ -175,6 +175,13 @@ class Hub:
         self.inbox: asyncio.Queue[Change] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         self.closing: set[asyncio.Task[None]] = set()
+        # Of each watched table: the newest row this replica has (its own commits, its reads)
+        # and the newest seq it has heard of (also other replicas' batches). A new socket's
+        # snapshot comes from the row, not the database, while no newer seq was heard; and a
+        # spectator's snapshot frame is encoded once per version and design.
+        self.latest: dict[str, TableRow] = {}
+        self.heard: dict[str, int] = {}
+        self.snapshots: dict[tuple[str, str | None], tuple[int, bytes]] = {}
 
     async def start(self, connection: AbstractRobustConnection) -> None:
         """Open this replica's queue and consume; start delivering this replica's commits."""
@@ -247,7 +254,47 @@ class Hub:
         if watchers:
             return False
         del self.clients[client.table_id]
+        self.latest.pop(client.table_id, None)
+        self.heard.pop(client.table_id, None)
+        for key in [k for k in self.snapshots if k[0] == client.table_id]:
+            del self.snapshots[key]
         return True
+
+    # --- what this replica knows of its watched tables ---------------------------------------
+
+    def remember(self, row: TableRow) -> None:
+        """A table's row as committed (read or written here), kept while it is watched and
+        no newer seq has been heard of."""
+        table_id = row.table_id
+        if table_id in self.clients and row.seq >= self.heard.get(table_id, 0):
+            self.latest[table_id] = row
+            self.heard[table_id] = row.seq
+
+    def hear(self, table_id: str, seq: int) -> None:
+        """A table event exists up to ``seq``: a row older than that is no longer current."""
+        if seq > self.heard.get(table_id, 0) and table_id in self.clients:
+            self.heard[table_id] = seq
+            row = self.latest.get(table_id)
+            if row is not None and row.seq < seq:
+                del self.latest[table_id]
+
+    def current(self, table_id: str) -> TableRow | None:
+        """The newest row of a watched table, if this replica has it."""
+        return self.latest.get(table_id)
+
+    def snapshot_frame(self, row: TableRow, seat: int | None, design: str | None) -> bytes:
+        """A ``WsSnapshot`` of the row for this viewer; a spectator's is encoded once per
+        version and deck design (views of a seat carry legal moves of the moment)."""
+        if seat is not None:
+            return _json.encode(WsSnapshot(view=self.tables.table_view(row, seat, design)))
+        key = (row.table_id, design)
+        kept = self.snapshots.get(key)
+        if kept is not None and kept[0] == row.version:
+            return kept[1]
+        frame = _json.encode(WsSnapshot(view=self.tables.table_view(row, None, design)))
+        if row.table_id in self.clients:
+            self.snapshots[key] = (row.version, frame)
+        return frame
 
     async def _unbind(self, table_id: str) -> None:
         """Stop hearing a table nobody here watches now (unless someone came back)."""
@@ -396,6 +443,7 @@ class Hub:
         behind: dict[str, list[Envelope]] = {}
         for raw in _batch_decoder.decode(body):
             head = _head_decoder.decode(raw)
+            self.hear(head.table_id, head.seq)
             watchers = self.clients.get(head.table_id)
             if watchers and any(c.ready and c.last_seq < head.seq for c in watchers):
                 behind.setdefault(head.table_id, []).append(envelope_decoder.decode(raw))
@@ -423,6 +471,7 @@ class Hub:
     async def deliver_local(self, change: Change) -> None:
         """A change this replica committed: its clients get it without the broker hop."""
         row = change.row
+        self.remember(row)
         if row.table_id in self.clients and change.envelopes:
             await self.catch_up(row.table_id, change.envelopes, row, dict(change.views))
 
@@ -451,6 +500,8 @@ class Hub:
             async with self.pool.acquire() as conn:
                 if row is None:
                     row = await store.read_table(conn, table_id)
+                    if row is not None:
+                        self.remember(row)
                 if gap and row is not None:
                     raw = await store.events_after(conn, table_id, oldest, GAP_FILL_LIMIT)
                     missed = [envelope_decoder.decode(r) for r in raw]
@@ -549,7 +600,9 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     if identity is not None:  # watchers without a token are many and nameless: not counted
         await limit(request, "sockets", identity)
     tables = request.app[TABLES]
-    if table_id not in tables.seatings:  # a table this replica has seen full exists for good
+    hub = request.app[HUB]
+    # A table this replica has seen full, or has the row of, exists for good.
+    if table_id not in tables.seatings and hub.current(table_id) is None:
         async with request.app[POOL].acquire() as conn:
             await tables.seating(conn, table_id)  # 404 if there is none
     settings = request.app[SETTINGS]
@@ -558,12 +611,11 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
         heartbeat=30.0, max_msg_size=settings.ws_max_frame_bytes, writer_limit=WRITER_LIMIT_BYTES
     )
     await ws.prepare(request)
-    hub = request.app[HUB]
     client = await hub.open(table_id, ws, identity, request.transport)
     hub.expire_at(client, closes_at(identity, settings.auth_leeway_s))
     try:
-        await _snapshot(request, client, table_id)
-        await hub.catch_up(table_id, [])  # anything committed after the snapshot was read
+        if await _snapshot(request, client, table_id):
+            await hub.catch_up(table_id, [])  # anything committed while the row was read
         async for msg in ws:
             await _on_message(request, client, msg)
     finally:
@@ -571,19 +623,31 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-async def _snapshot(request: web.Request, client: Client, table_id: str) -> None:
-    async with request.app[POOL].acquire() as conn:
-        row: TableRow | None = await store.read_table(conn, table_id)
-        identity = client.identity
-        design = await store.deck_design(conn, identity.id) if identity else None
+async def _snapshot(request: web.Request, client: Client, table_id: str) -> bool:
+    """Queue the client its snapshot and make it ready for events; True if the row was read
+    from the database (commits delivered meanwhile may be missing: the caller catches up).
+    A row this replica already has is current for every event it has delivered."""
+    hub = request.app[HUB]
+    row = hub.current(table_id)
+    read = row is None
+    identity = client.identity
+    design = None
+    if read or identity is not None:
+        async with request.app[POOL].acquire() as conn:
+            if row is None:
+                row = await store.read_table(conn, table_id)
+            design = await store.deck_design(conn, identity.id) if identity else None
+        if read and row is not None:
+            hub.remember(row)
+        row = hub.current(table_id) or row  # a commit delivered while reading is newer
     assert row is not None
     seat = row.seat_of(identity.id if identity else None)
     # No await from here on: no event is queued between the snapshot and ``ready``.
     client.deck_design = design
     client.last_seq = max(client.last_seq, row.seq)
-    view = request.app[TABLES].table_view(row, seat, design)
-    request.app[HUB].send(client, _json.encode(WsSnapshot(view=view)))
+    hub.send(client, hub.snapshot_frame(row, seat, design))
     client.ready = True
+    return read
 
 
 async def _on_message(request: web.Request, client: Client, msg: WSMessage) -> None:

@@ -18,6 +18,7 @@ from shared.contracts.envelope import wrap
 from shared.contracts.events import MessagePosted
 from shared.contracts.names import EVENTS_EXCHANGE, chat_key
 from shared.infra.auth import mint
+from shared.infra.service import POOL
 from shared.infra.settings import Settings
 from tests.table.conftest import (
     Api,
@@ -292,3 +293,42 @@ async def test_a_socket_with_a_bad_token_or_table_is_refused(api: Api, settings:
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await api.client.ws_connect(ws_path("no-such-table"))
     assert refused.value.status == 404
+
+
+async def test_a_watched_tables_snapshot_comes_from_memory_and_stays_current(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """While a table is watched, the replica keeps its newest row: a new watcher's snapshot
+    needs no database connection (every one held here), and after a move it shows the move."""
+    table_id, ana, bia = await api.table_for_two()
+    rng = random.Random(5)
+    first = await api.client.ws_connect(ws_path(table_id))
+    try:
+        await play(api, table_id, [ana, bia], 3, rng)
+        version = (await api.view(table_id))["version"]
+        await ws_until(
+            first, lambda ms: any(m.get("view", {}).get("version") == version for m in ms)
+        )
+        pool: asyncpg.Pool = api.client.app[POOL]
+        held = []
+        try:
+            while True:
+                try:
+                    held.append(await pool.acquire(timeout=0.3))
+                except TimeoutError:
+                    break
+            async with api.client.ws_connect(ws_path(table_id)) as second:
+                snapshot = await ws_receive(second, within_s=5)
+            assert snapshot["kind"] == "snapshot"
+            assert snapshot["view"]["version"] == version
+            assert snapshot["view"]["you"] is None
+        finally:
+            for conn in held:
+                await pool.release(conn)
+        await play(api, table_id, [ana, bia], 1, rng)
+        async with api.client.ws_connect(ws_path(table_id)) as third:
+            snapshot = await ws_receive(third, within_s=5)
+        assert snapshot["view"]["version"] == version + 1
+        assert snapshot["view"] == await api.view(table_id)
+    finally:
+        await first.close()
