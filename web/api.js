@@ -71,8 +71,13 @@ export const api = {
   setPreferences: (token, deckDesign) =>
     call("PUT", "/v1/players/me/preferences", { token, body: { deck_design: deckDesign } }),
   messages: (table, after) => call("GET", `${chatBase()}/v1/tables/${table}/messages?after=${after}&limit=100`),
-  postMessage: (token, table, text) =>
-    call("POST", `${chatBase()}/v1/tables/${table}/messages`, { token, body: { text } }),
+  // ``after_version``: the table version this page has seen, so that a person who has just sat
+  // down is not taken for a spectator by a chat still catching up (read-your-writes).
+  postMessage: (token, table, text, afterVersion) =>
+    call("POST", `${chatBase()}/v1/tables/${table}/messages`, {
+      token,
+      body: afterVersion === undefined ? { text } : { text, after_version: afterVersion },
+    }),
 };
 
 /** Every table event after ``after``, page by page (the route gives at most 1000 at once). */

@@ -805,7 +805,7 @@ function bindStatic() {
     const text = input.value.trim();
     if (!text) return;
     try {
-      const envelope = await api.postMessage(token(), S.table, text);
+      const envelope = await api.postMessage(token(), S.table, text, S.view ? S.view.version : undefined);
       input.value = "";
       addChat(envelope);
     } catch (err) {

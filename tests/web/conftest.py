@@ -3,8 +3,9 @@
 The table, chat, bots and timers services run as processes on this run's own database and
 broker prefix, with development tokens on (so the table service serves the page). Debian's
 Chromium (``/usr/bin/chromium``, which ``make test`` installs with apt-get when it is missing)
-is driven headless by Playwright for Python; without it, or without the ``playwright``
-package, the browser tests skip and say why. Every screen a test shows is written as a PNG
+is driven headless by Playwright for Python (``GIN_CHROMIUM`` names another binary); without
+it, or without the ``playwright`` package, the browser tests skip and say why, before any
+service starts. Every screen a test shows is written as a PNG
 under ``test-output/web/`` (git-ignored), to be looked at.
 """
 
