@@ -58,6 +58,39 @@ FLOOD_CONNECTIONS = [int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "
 WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
 
 
+def cpu_seconds(service_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the service, every PostgreSQL process and
+    every RabbitMQ (Erlang) process of the machine."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parts = {"service": 0.0, "postgresql": 0.0, "rabbitmq": 0.0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        part = (
+            "service"
+            if int(entry.name) == service_pid
+            else "postgresql"
+            if name == "postgres"
+            else "rabbitmq"
+            if name.startswith(("beam", "erl_child"))
+            else None
+        )
+        if part is not None:
+            fields = stat[stat.rindex(")") + 2 :].split()
+            parts[part] += (int(fields[11]) + int(fields[12])) / tick
+    return parts
+
+
+def cpu_per_move(before: dict[str, float], after: dict[str, float], moves: int) -> dict[str, float]:
+    """Milliseconds of CPU per applied move, by part, between two ``cpu_seconds``."""
+    return {k: round((after[k] - before[k]) * 1000 / max(moves, 1), 3) for k in before}
+
+
 def emit(**fields: Any) -> None:
     """One result as one JSON line."""
     print(json.dumps(fields), flush=True)
@@ -492,7 +525,10 @@ def main() -> None:
                 ratio=round(statistics.median(saturated) / statistics.median(raw), 3),
             )
         if "paced" in PHASES:  # people: a moment's thought before each move, right after
-            emit(**asyncio.run(published(url, uvloop.run(play(base, THINK_S)))))
+            before = cpu_seconds(proc.pid)
+            figures = asyncio.run(published(url, uvloop.run(play(base, THINK_S))))
+            cpu = cpu_per_move(before, cpu_seconds(proc.pid), figures["n"])
+            emit(**figures, cpu_ms_per_move=cpu)
         if "flood" in PHASES:
             flood_rounds(url, base)
     finally:
