@@ -31,6 +31,10 @@ def transient(exc: BaseException) -> bool:
     restarting (an OSError covers lost sockets and timeouts, PoolExhausted included)."""
     if isinstance(exc, asyncpg.PostgresError):
         return (exc.sqlstate or "")[:2] in TRANSIENT_SQLSTATE_CLASSES
+    if isinstance(exc, asyncpg.InternalClientError):
+        # A session the server ended while it idled in a transaction: the next statement
+        # finds the protocol mid-way ("cannot switch to state ...; another operation ...").
+        return str(exc).startswith("cannot switch to state")
     return isinstance(exc, OSError | asyncpg.InterfaceError)
 
 

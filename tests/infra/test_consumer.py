@@ -214,6 +214,9 @@ async def test_a_terminated_database_connection_is_retried_never_dead_lettered(
         TimeoutError(),
         ConnectionResetError(),
         asyncpg.InterfaceError("connection is closed"),
+        asyncpg.InternalClientError(
+            "cannot switch to state 11; another operation (2) is in progress"
+        ),
     ],
     ids=lambda e: type(e).__name__,
 )
@@ -223,7 +226,12 @@ def test_what_is_transient(error: BaseException) -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [asyncpg.UniqueViolationError("dup"), asyncpg.UndefinedTableError("x"), ValueError()],
+    [
+        asyncpg.UniqueViolationError("dup"),
+        asyncpg.UndefinedTableError("x"),
+        asyncpg.InternalClientError("unexpected exchange"),
+        ValueError(),
+    ],
     ids=lambda e: type(e).__name__,
 )
 def test_what_is_not_transient(error: BaseException) -> None:
