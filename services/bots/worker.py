@@ -19,7 +19,7 @@ from typing import cast
 import aio_pika
 import msgspec
 import structlog
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractExchange
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.bots.strategies.knowledge import NoDecision
@@ -27,7 +27,7 @@ from shared.contracts import commands as c
 from shared.contracts.api import BotTurn, QueuedCommand
 from shared.contracts.commands import AnyCommand
 from shared.contracts.compat import decode_bot_turn
-from shared.contracts.names import COMMANDS_QUEUE, bot_queue
+from shared.contracts.names import COMMANDS_EXCHANGE, COMMANDS_QUEUE, bot_queue
 from shared.contracts.views import TableView
 from shared.infra.consumer import Consumer, ConsumerMetrics, Undecodable
 
@@ -61,10 +61,18 @@ def decide(strategy: Strategy, turn: BotTurn) -> c.Command:
     """The strategy's command for this turn, made safe to repeat (id and expected version)."""
     command = strategy(turn.view, turn_rng(turn))
     return msgspec.structs.replace(
-        command,
-        command_id=f"bot:{turn.table_id}:{turn.version}:{turn.seat}",
-        expected_version=turn.version,
+        command, command_id=command_id_of(turn), expected_version=turn.version
     )
+
+
+def command_id_of(turn: BotTurn) -> str:
+    """The id of the bot's command for this turn: the same however often the turn comes."""
+    return f"bot:{turn.table_id}:{turn.version}:{turn.seat}"
+
+
+def turn_context(turn: BotTurn) -> dict[str, object]:
+    """What each log line of a turn's handling carries."""
+    return {"table_id": turn.table_id, "version": turn.version, "command_id": command_id_of(turn)}
 
 
 class BotWorker:
@@ -83,12 +91,13 @@ class BotWorker:
         self.think_s = think_s
         self.metrics = metrics
         self.channel: AbstractChannel | None = None
+        self.commands: AbstractExchange | None = None
         self.runner = Consumer(
             "bot_turns",
             self.decode,
             self.on_turn,
             consumer_metrics,
-            context=lambda turn: {"table_id": turn.table_id, "version": turn.version},
+            context=turn_context,
             refused=(NoDecision,),
         )
 
@@ -96,6 +105,10 @@ class BotWorker:
         """Consume every level's queue on one channel with publisher confirms."""
         self.channel = await connection.channel(publisher_confirms=True)
         await self.channel.set_qos(prefetch_count=prefetch)
+        # Declared by the table service: the bots' broker user may only write it.
+        self.commands = await self.channel.get_exchange(
+            self.prefix + COMMANDS_EXCHANGE, ensure=False
+        )
         queues = [
             await self.channel.get_queue(self.prefix + bot_queue(level))
             for level in self.strategies
@@ -131,11 +144,12 @@ class BotWorker:
         self.metrics.decisions.labels(turn.level, "sent").inc()
 
     async def send(self, turn: BotTurn, command: c.Command) -> None:
-        """Put the command on ``gin.commands`` and wait for the broker's confirm."""
-        assert self.channel is not None
+        """Put the command on ``gin.commands`` (through ``gin.commands.in``) and wait for the
+        broker's confirm."""
+        assert self.commands is not None
         queued = cast(AnyCommand, command)
         body = QueuedCommand(table_id=turn.table_id, source="bot", seat=turn.seat, command=queued)
-        await self.channel.default_exchange.publish(
+        await self.commands.publish(
             aio_pika.Message(
                 _json.encode(body),
                 content_type="application/json",
