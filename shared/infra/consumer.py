@@ -213,6 +213,9 @@ class Consumer(Generic[T]):
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Decode, work and settle one message."""
+        if _channel_closed(message):  # delivered again on the new channel: in order there
+            log.info("message_let_go", consumer=self.name, reason="its channel closed")
+            return
         try:
             value = self.decode(message.body)
         except Skip as exc:

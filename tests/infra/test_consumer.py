@@ -320,3 +320,29 @@ async def test_an_event_type_of_a_newer_contract_is_skipped_not_dead_lettered(
     assert "card_juggled" in skipped["reason"]
     assert await queues.dead_bodies() == [b'{"id": 1}']
     assert time.time() - now < 30
+
+
+async def test_messages_of_a_closed_channel_are_left_to_their_redelivery(queues: Queues) -> None:
+    """Serial delivery: messages already delivered when the channel closed come again, in
+    order, on the next channel; working them now would apply them before the one in hand."""
+    release = asyncio.Event()
+    worked: list[int] = []
+
+    async def work(value: Note) -> None:
+        worked.append(value.n)
+        if value.n == 1:
+            await release.wait()
+
+    consumer, metrics = runner(work, serial=True)
+    await consumer.start([queues.work])
+    await queues.publish(note(1), note(2), note(3))
+    await until(lambda: worked == [1] and consumer.inbox.qsize() == 2)
+    await queues.channel.close()  # the broker takes back all three
+    release.set()
+    await until(lambda: consumer.idle)
+    await consumer.stop()
+    assert worked == [1]
+    channel = await queues.connection.channel()
+    declared = await channel.declare_queue(queues.work.name, passive=True)
+    assert declared.declaration_result.message_count == 3
+    assert count(metrics, "dead_lettered") == 0
