@@ -109,6 +109,7 @@ async def run(base: str, pid: int) -> dict[str, Any]:
                     cwd=ROOT,
                     env=env,
                     stdout=asyncio.subprocess.PIPE,
+                    limit=1 << 26,  # the arrivals come as one line
                 )
             )
         opened = []
@@ -141,6 +142,7 @@ async def run(base: str, pid: int) -> dict[str, Any]:
             "sockets_asked": SOCKETS,
             "sockets_open": count,
             "failed": sum(o["failed"] for o in opened),
+            **next(({"first_failure": o["first_failure"]} for o in opened if o["failed"]), {}),
             "opened_per_s": round(count / (done - began), 1),
             "open_s": round(done - began, 2),
             "service_rss_mib_before_after": [round(before / 1024), round(after / 1024)],

@@ -231,6 +231,7 @@ def main(
         host=settings.http_host,
         port=settings.http_port,
         shutdown_timeout=settings.shutdown_grace_s,
+        backlog=settings.http_backlog,
         print=None,
     )
 

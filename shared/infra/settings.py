@@ -25,6 +25,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     prefix: str = ""  # put before every exchange and queue name (tests, shared brokers)
     http_host: str = "127.0.0.1"
     http_port: int = 8080
+    # Connections waiting to be accepted: aiohttp's 128 drops some of a reconnect storm (every
+    # socket of a replica that stopped comes back at once); the kernel caps it at somaxconn.
+    http_backlog: int = 1024
     public_url: str = "http://127.0.0.1:8080"  # where invitation links point
     auth_secret: str = DEFAULT_AUTH_SECRET  # refused at start unless dev_tokens is on
     auth_issuer: str = ""  # when set, a token's ``iss`` must be this
