@@ -65,7 +65,15 @@ class Undecodable(Exception):
     """Raised by a decoder: the message is not one of ours. Dead-lettered."""
 
 
-UNDECODABLE = (msgspec.DecodeError, msgspec.ValidationError, Undecodable, UnicodeDecodeError)
+# What a decoder raises on a body that is not one of ours (RecursionError: JSON nested too
+# deeply for msgspec). The runner dead-letters any other error of a decoder as well.
+UNDECODABLE = (
+    msgspec.DecodeError,
+    msgspec.ValidationError,
+    Undecodable,
+    UnicodeDecodeError,
+    RecursionError,
+)
 
 
 def transient(exc: BaseException) -> bool:
@@ -222,8 +230,8 @@ class Consumer(Generic[T]):
             log.info("message_skipped", consumer=self.name, reason=str(exc))
             await self._settle(message, "skipped")
             return
-        except UNDECODABLE as exc:
-            log.warning("message_undecodable", consumer=self.name, error=str(exc))
+        except Exception as exc:  # UNDECODABLE, or a decoder tripped by what it was given
+            log.warning("message_undecodable", consumer=self.name, error=repr(exc))
             await self._dead_letter(message, "undecodable")
             return
         context = self.context(value) if self.context is not None else {}
