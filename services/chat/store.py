@@ -90,24 +90,34 @@ async def saw_version(conn: Conn, table_id: str, version: int) -> None:
 
 
 async def lock_for_posting(conn: Conn, table_id: str, player_id: str) -> Posting | None:
-    """Lock the table for this transaction; with it, the caller's seat. None: unknown table."""
-    record = await conn.fetchrow(
-        "SELECT t.status, t.last_message, s.seat, s.name, t.version,"
-        " (SELECT count(*) FROM seats k WHERE k.table_id = t.table_id) AS seats_known"
-        " FROM tables t LEFT JOIN seats s ON s.table_id = t.table_id AND s.player_id = $2"
-        " WHERE t.table_id = $1 ORDER BY s.seat LIMIT 1 FOR UPDATE OF t",
+    """Lock the table for this transaction; with it, the caller's seat. None: unknown table.
+
+    The lock, then the seats, in two statements: in READ COMMITTED a statement that waited for
+    the lock reads the locked row as committed meanwhile but every other row as of its start,
+    so it would pair the version the consumer just applied with the seats from before it (the
+    player just seated, refused as a spectator).
+    """
+    table = await conn.fetchrow(
+        "SELECT status, last_message, version FROM tables WHERE table_id = $1 FOR UPDATE",
+        table_id,
+    )
+    if table is None:
+        return None
+    seat = await conn.fetchrow(
+        "SELECT s.seat, s.name, (SELECT count(*) FROM seats k WHERE k.table_id = $1) AS known"
+        " FROM (SELECT 1) AS one LEFT JOIN seats s ON s.table_id = $1 AND s.player_id = $2"
+        " ORDER BY s.seat LIMIT 1",
         table_id,
         player_id,
     )
-    if record is None:
-        return None
+    assert seat is not None
     return Posting(
-        status=record["status"],
-        last_message=record["last_message"],
-        seat=record["seat"],
-        name=record["name"],
-        version=record["version"],
-        seats_known=record["seats_known"],
+        status=table["status"],
+        last_message=table["last_message"],
+        seat=seat["seat"],
+        name=seat["name"],
+        version=table["version"],
+        seats_known=seat["known"],
     )
 
 
