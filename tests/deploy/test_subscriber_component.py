@@ -36,6 +36,7 @@ from tests.deploy.test_manifests import (
 KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl renders the kustomizations")
 COMPONENT = K8S / "components" / "subscriber"
+HISTORY = K8S / "components" / "subscriber-history"
 
 
 def render(directory: Path) -> tuple[Obj, ...]:
@@ -51,10 +52,14 @@ def render(directory: Path) -> tuple[Obj, ...]:
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
 
 
-def team(tmp_path: Path, name: str, namespace: str, routing_key: str) -> tuple[Obj, ...]:
-    """What a team's own kustomization renders, made as docs/subscribing.md says."""
+def team(
+    tmp_path: Path, name: str, namespace: str, routing_key: str, history: bool = False
+) -> tuple[Obj, ...]:
+    """What a team's own kustomization renders, made as docs/subscribing.md says (with the
+    history stream's opt-in component if ``history``)."""
     directory = tmp_path / name
     directory.mkdir()
+    components = [COMPONENT, HISTORY] if history else [COMPONENT]
     (directory / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
@@ -62,7 +67,7 @@ def team(tmp_path: Path, name: str, namespace: str, routing_key: str) -> tuple[O
                 "kind": "Kustomization",
                 "namespace": "gin",
                 "resources": ["subscriber.yaml"],
-                "components": [os.path.relpath(COMPONENT, directory)],
+                "components": [os.path.relpath(c, directory) for c in components],
             }
         )
     )
@@ -202,3 +207,18 @@ def test_two_teams_do_not_collide(tmp_path: Path) -> None:
     assert not names_a & names_b
     prod_names = {(o["kind"], o["metadata"]["name"]) for o in rendered("prod")}
     assert not names_a & prod_names
+
+
+def test_the_history_component_adds_reading_the_stream_and_nothing_else(tmp_path: Path) -> None:
+    plain = team(tmp_path, "stats", "stats", "#")
+    (before,) = of_kind(plain, "Permission")
+    (after,) = of_kind(team(tmp_path, "stats-h", "stats", "#", history=True), "Permission")
+    assert not _can(before["spec"]["permissions"]["read"], HISTORY_STREAM)
+    read = after["spec"]["permissions"]["read"]
+    assert _can(read, HISTORY_STREAM)
+    for resource in ("gin.sub.stats-h.queue", "gin.sub.stats-h.dead", EVENTS_EXCHANGE):
+        assert _can(read, resource), resource
+    for resource in (COMMANDS_QUEUE, "gin.sub.stats.queue", "gin.chat", "gin.events.historyx"):
+        assert not _can(read, resource), resource
+    for what in ("configure", "write"):
+        assert not _can(after["spec"]["permissions"][what], HISTORY_STREAM)
