@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -233,6 +234,7 @@ def main(
         shutdown_timeout=settings.shutdown_grace_s,
         backlog=settings.http_backlog,
         print=None,
+        access_log=logging.getLogger("aiohttp.access") if settings.access_log else None,
     )
 
 

@@ -55,7 +55,10 @@ async def test_every_line_every_service_writes_is_one_json_object(
     broker = Proxy(amqp.hostname or "127.0.0.1", amqp.port or 5672)
     await broker.start()
     s = msgspec.structs.replace(
-        settings, amqp_url=through(settings.amqp_url, broker.port), log_format="json"
+        settings,
+        amqp_url=through(settings.amqp_url, broker.port),
+        log_format="json",
+        access_log=True,
     )
     logs = {name: tmp_path / f"{name}.log" for name in [*NAMES, "bots"]}
     services = {
