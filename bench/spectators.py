@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -27,7 +26,16 @@ from typing import Any
 
 import aiohttp
 
-from bench.table_load import ROOT, SECRET, database, drop_prefix, emit, free_port, wait_ready
+from bench.table_load import (
+    ROOT,
+    SECRET,
+    database,
+    drop_prefix,
+    emit,
+    free_port,
+    start_service,
+    wait_ready,
+)
 from shared.infra.auth import mint
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -174,9 +182,10 @@ def main() -> None:
         GIN_PREFIX=f"bench-{name}.",
         GIN_HTTP_PORT=str(port),
         GIN_AUTH_SECRET=SECRET,
-        GIN_LOG_LEVEL="warning",
+        GIN_LOG_LEVEL="info",  # as production runs it: JSON lines to a file
+        GIN_LOG_FORMAT="json",
     )
-    proc = subprocess.Popen([sys.executable, "-m", "services.table"], env=env, cwd=ROOT)
+    proc = start_service(env, name)
     base = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(wait_ready(base, proc))

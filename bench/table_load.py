@@ -449,6 +449,18 @@ async def published(url: str, figures: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def start_service(env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
+    """The table service as a process, its log in .run/bench/NAME.log (named on stderr)."""
+    logs = ROOT / ".run" / "bench"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"{name}.log"
+    print(f"bench: the table service logs to {log}", file=sys.stderr, flush=True)
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.table"], env=env, cwd=ROOT, stdout=out, stderr=out
+        )
+
+
 async def wait_ready(base: str, proc: subprocess.Popen[bytes]) -> None:
     """Wait for /readyz."""
     async with aiohttp.ClientSession() as session:
@@ -492,10 +504,11 @@ def main() -> None:
         GIN_PREFIX=f"bench-{name}.",
         GIN_HTTP_PORT=str(port),
         GIN_AUTH_SECRET=SECRET,
-        GIN_LOG_LEVEL="warning",
+        GIN_LOG_LEVEL="info",  # as production runs it: JSON lines to a file
+        GIN_LOG_FORMAT="json",
         GIN_DB_POOL_SIZE=str(POOL_SIZE),
     )
-    proc = subprocess.Popen([sys.executable, "-m", "services.table"], env=env, cwd=ROOT)
+    proc = start_service(env, name)
     base = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(wait_ready(base, proc))
