@@ -20,6 +20,7 @@ from shared.contracts.envelope import SCHEMA_VERSION, Envelope
 from shared.contracts.events import EVENT_TYPES
 from shared.contracts.names import (
     BOTS_EXCHANGE,
+    COMMANDS_EXCHANGE,
     COMMANDS_QUEUE,
     DEAD_LETTER,
     EVENTS_EXCHANGE,
@@ -200,9 +201,9 @@ def channels() -> dict[str, Any]:
             "address": COMMANDS_QUEUE,
             "title": "Commands of bots and timers",
             "description": (
-                f"The durable quorum queue `{COMMANDS_QUEUE}`, written through the default "
-                "exchange (routing key: the queue's name). The table service applies each "
-                "command once (its `command_id`)."
+                f"The durable quorum queue `{COMMANDS_QUEUE}`, written through the direct "
+                f"exchange `{COMMANDS_EXCHANGE}` (routing key: the queue's name). The table "
+                "service applies each command once (its `command_id`)."
             ),
             "messages": message_refs(("QueuedCommand",)),
             "bindings": {

@@ -115,6 +115,15 @@ def database_url(server_urls: tuple[str, str], run_id: str) -> Iterator[str]:
 def settings(database_url: str, server_urls: tuple[str, str], run_id: str) -> Iterator[Settings]:
     """Settings of this run: its database, its broker prefix, short waits."""
     prefix = f"test-{run_id}."
+
+    async def declare() -> None:
+        # All of it, as the operator does in production: each service declares only its own
+        # part (a table tested without a bot worker still routes its bots' turns to queues).
+        connection = await aio_pika.connect(server_urls[1])
+        async with connection:
+            await amqp.declare_topology(await connection.channel(), prefix)
+
+    asyncio.run(declare())
     yield Settings(
         database_url=database_url,
         amqp_url=server_urls[1],

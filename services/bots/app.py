@@ -38,7 +38,7 @@ def create_app(
     )
 
     async def broker(app: web.Application) -> AsyncIterator[None]:
-        channel, _ = await service.open_broker(app)
+        channel, _ = await service.open_broker(app, "bots")
         await channel.close()
         await worker.start(app[BROKER], PREFETCH)
         yield

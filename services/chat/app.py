@@ -48,7 +48,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
 
 async def _broker(app: web.Application) -> AsyncIterator[None]:
     """The relay of chat messages and the consumer of table events."""
-    channel, exchanges = await service.open_broker(app)
+    channel, exchanges = await service.open_broker(app, "chat")
     consumer = TableEventConsumer(
         app[POOL], app[SETTINGS].prefix, app[REGISTRY], ConsumerMetrics(app[REGISTRY])
     )

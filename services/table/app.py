@@ -79,7 +79,7 @@ def create_app(
 async def _broker(app: web.Application) -> AsyncIterator[None]:
     """The relay, this replica's WebSocket hub and the command consumer."""
     settings = app[SETTINGS]
-    channel, exchanges = await service.open_broker(app)
+    channel, exchanges = await service.open_broker(app, "table")
     hub = Hub(app[POOL], app[TABLES], settings.prefix, app[REGISTRY], settings.ws_send_queue)
     await hub.start(app[BROKER])
     app[HUB] = hub

@@ -188,7 +188,11 @@ class Hub:
         self.channel = await connection.channel()
         await self.channel.set_qos(prefetch_count=256)
         self.exchange = await self.channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
-        self.queue = await self.channel.declare_queue(exclusive=True, auto_delete=True)
+        # Named here, not by aio-pika (amq_...): gin.sockets.<32 hex digits>, this replica's,
+        # is the only name of its kind the table's broker user may configure in production.
+        self.queue = await self.channel.declare_queue(
+            f"{self.batches}.{uuid.uuid4().hex}", exclusive=True, auto_delete=True
+        )
         await self.queue.bind(self.batches)
         await self._consume()
         connection.reconnect_callbacks.add(self._on_reconnect)

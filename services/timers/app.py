@@ -14,7 +14,7 @@ from services.timers.consumer import EventConsumer
 from services.timers.deadlines import Durations
 from services.timers.firing import DEFAULT_EXCHANGE, Firing
 from services.timers.metrics import TimerMetrics
-from shared.contracts.names import EVENTS_EXCHANGE
+from shared.contracts.names import COMMANDS_EXCHANGE, EVENTS_EXCHANGE
 from shared.infra import service
 from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
@@ -51,10 +51,11 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
 async def _broker(app: web.Application) -> AsyncIterator[None]:
     """The event consumer, the firing loop and the relay of what fires."""
     settings = app[SETTINGS]
-    channel, exchanges = await service.open_broker(app)
+    channel, exchanges = await service.open_broker(app, "timers")
     outbound = {
         EVENTS_EXCHANGE: exchanges[EVENTS_EXCHANGE],
-        DEFAULT_EXCHANGE: channel.default_exchange,
+        COMMANDS_EXCHANGE: exchanges[COMMANDS_EXCHANGE],
+        DEFAULT_EXCHANGE: exchanges[COMMANDS_EXCHANGE],
     }
     relay = service.relay(app, SCHEMA, channel, outbound)
     firing = Firing(

@@ -40,13 +40,15 @@ from shared.contracts.api import QueuedCommand
 from shared.contracts.commands import Expire
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import AbsenceClaimable
-from shared.contracts.names import COMMANDS_QUEUE, EVENTS_EXCHANGE, timer_key
+from shared.contracts.names import COMMANDS_EXCHANGE, COMMANDS_QUEUE, EVENTS_EXCHANGE, timer_key
 from shared.infra import outbox
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
 _json = msgspec.json.Encoder()
-DEFAULT_EXCHANGE = ""  # the broker's default exchange routes to the queue named by the key
+# Rows written before gin.commands.in existed name the default exchange: the relay sends them
+# through gin.commands.in too (the timers' broker user may not write the default exchange).
+DEFAULT_EXCHANGE = ""
 ID_NAMESPACE = uuid.UUID("0d5c4c52-5b1c-4f4e-9a51-6a3c2f0e7b10")  # absence_claimable ids
 MAX_EXPIRY_ATTEMPTS = 8
 BUSY_PAUSE_S = 0.05  # due rows another replica holds: look again shortly
@@ -94,7 +96,7 @@ def expire_command(due: Due, prefix: str) -> OutboxRow:
         table_id=due.table_id, source="timer", command=Expire(command_id=command_id)
     )
     key = prefix + COMMANDS_QUEUE
-    return DEFAULT_EXCHANGE, key, _json.encode(body), f"{command_id}:{due.attempts}"
+    return COMMANDS_EXCHANGE, key, _json.encode(body), f"{command_id}:{due.attempts}"
 
 
 class Firing:

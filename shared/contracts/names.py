@@ -8,6 +8,9 @@ EVENTS_EXCHANGE = "gin.events"
 HISTORY_STREAM = "gin.events.history"
 BOTS_EXCHANGE = "gin.bots"
 COMMANDS_QUEUE = "gin.commands"
+# The direct exchange bots and timers send commands through (routing key: the queue's name), to
+# gin.commands only: the default exchange would let them write any queue of the vhost.
+COMMANDS_EXCHANGE = "gin.commands.in"
 # Internal to the table service: each relay batch of table events as one message (a JSON array
 # of their envelopes), fanned out to every replica's WebSocket hub. A replica's hub would
 # otherwise get back, one message at a time, every event it has just delivered itself.

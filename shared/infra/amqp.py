@@ -8,6 +8,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnec
 from shared.contracts.events import BotLevel
 from shared.contracts.names import (
     BOTS_EXCHANGE,
+    COMMANDS_EXCHANGE,
     COMMANDS_QUEUE,
     DEAD_LETTER,
     EVENTS_EXCHANGE,
@@ -38,54 +39,74 @@ async def connect(url: str) -> AbstractRobustConnection:
     return await aio_pika.connect_robust(url, client_properties={"connection_name": "gin"})
 
 
-async def declare_topology(channel: AbstractChannel, prefix: str) -> dict[str, AbstractExchange]:
-    """Declare the exchanges and shared queues (idempotent); the exchanges by unprefixed name.
+# Who declares what at start (None: everything, for tests and tools). In production the
+# Messaging Topology Operator declares the shared topology first; each service declares again
+# what it owns or publishes to (a difference in arguments refuses its start), and nothing else:
+# its broker user may configure nothing else (deploy/k8s/overlays/prod/rabbitmq-topology.yaml).
+# The table owns gin.commands, gin.dead and gin.sockets; the bots their queues; the history
+# stream is declared by each publisher of gin.events, so none publishes before it is bound.
+SERVICES = ("table", "chat", "timers", "bots")
+
+
+async def declare_topology(
+    channel: AbstractChannel, prefix: str, service: str | None = None
+) -> dict[str, AbstractExchange]:
+    """Declare the exchanges and shared queues a service owns (idempotent), or all of them
+    when ``service`` is None; return the exchanges it publishes to, by unprefixed name.
 
     Poison messages of the command and bot queues go to the dead-letter queue. Every event
-    of ``gin.events`` is also kept in the history stream ``HISTORY_STREAM``.
+    of ``gin.events`` is also kept in the history stream ``HISTORY_STREAM``. Bots and timers
+    send commands through ``COMMANDS_EXCHANGE``, which the table service declares: theirs is a
+    reference, not a declaration (their users may not configure it).
     """
-    dead = await channel.declare_exchange(
-        prefix + DEAD_LETTER, aio_pika.ExchangeType.FANOUT, durable=True
-    )
-    dead_queue = await channel.declare_queue(prefix + DEAD_LETTER, durable=True)
-    await dead_queue.bind(dead)
-    events = await channel.declare_exchange(
-        prefix + EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
-    )
-    bots = await channel.declare_exchange(
-        prefix + BOTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
-    )
-    sockets = await channel.declare_exchange(
-        prefix + SOCKETS_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True
-    )
-    history = await channel.declare_queue(
-        prefix + HISTORY_STREAM,
-        durable=True,
-        arguments=HISTORY_ARGUMENTS,  # type: ignore[arg-type]
-    )
-    await history.bind(events, "#")
+    if service is not None and service not in SERVICES:
+        raise ValueError(f"no broker topology for the service {service!r}")
+    every = service is None
+    exchanges: dict[str, AbstractExchange] = {}
     work_queue_args: dict[str, object] = {
         "x-queue-type": "quorum",
         "x-dead-letter-exchange": prefix + DEAD_LETTER,
     }
-    await channel.declare_queue(
-        prefix + COMMANDS_QUEUE,
-        durable=True,
-        arguments=work_queue_args,  # type: ignore[arg-type]
-    )
-    for level in BOT_LEVELS:
-        queue = await channel.declare_queue(
-            prefix + bot_queue(level),
+
+    async def exchange(name: str, kind: aio_pika.ExchangeType) -> AbstractExchange:
+        exchanges[name] = await channel.declare_exchange(prefix + name, kind, durable=True)
+        return exchanges[name]
+
+    if every or service == "table":
+        dead = await exchange(DEAD_LETTER, aio_pika.ExchangeType.FANOUT)
+        dead_queue = await channel.declare_queue(prefix + DEAD_LETTER, durable=True)
+        await dead_queue.bind(dead)
+        await exchange(SOCKETS_EXCHANGE, aio_pika.ExchangeType.FANOUT)
+        commands = await exchange(COMMANDS_EXCHANGE, aio_pika.ExchangeType.DIRECT)
+        commands_queue = await channel.declare_queue(
+            prefix + COMMANDS_QUEUE,
             durable=True,
             arguments=work_queue_args,  # type: ignore[arg-type]
         )
-        await queue.bind(bots, bot_key(level))
-    return {
-        EVENTS_EXCHANGE: events,
-        BOTS_EXCHANGE: bots,
-        SOCKETS_EXCHANGE: sockets,
-        DEAD_LETTER: dead,
-    }
+        await commands_queue.bind(commands, prefix + COMMANDS_QUEUE)
+    if every or service in ("table", "chat", "timers"):
+        events = await exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC)
+        history = await channel.declare_queue(
+            prefix + HISTORY_STREAM,
+            durable=True,
+            arguments=HISTORY_ARGUMENTS,  # type: ignore[arg-type]
+        )
+        await history.bind(events, "#")
+    if every or service in ("table", "bots"):
+        bots = await exchange(BOTS_EXCHANGE, aio_pika.ExchangeType.TOPIC)
+    if every or service == "bots":
+        for level in BOT_LEVELS:
+            queue = await channel.declare_queue(
+                prefix + bot_queue(level),
+                durable=True,
+                arguments=work_queue_args,  # type: ignore[arg-type]
+            )
+            await queue.bind(bots, bot_key(level))
+    if service in ("bots", "timers"):
+        exchanges[COMMANDS_EXCHANGE] = await channel.get_exchange(
+            prefix + COMMANDS_EXCHANGE, ensure=False
+        )
+    return exchanges
 
 
 async def delete_topology(channel: AbstractChannel, prefix: str) -> None:
@@ -98,5 +119,11 @@ async def delete_topology(channel: AbstractChannel, prefix: str) -> None:
     ]
     for queue in queues:
         await channel.queue_delete(prefix + queue)
-    for exchange in (EVENTS_EXCHANGE, BOTS_EXCHANGE, SOCKETS_EXCHANGE, DEAD_LETTER):
+    for exchange in (
+        EVENTS_EXCHANGE,
+        BOTS_EXCHANGE,
+        SOCKETS_EXCHANGE,
+        DEAD_LETTER,
+        COMMANDS_EXCHANGE,
+    ):
         await channel.exchange_delete(prefix + exchange)

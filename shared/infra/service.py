@@ -85,13 +85,14 @@ async def close_pool(pool: asyncpg.Pool, grace_s: float) -> None:
 
 
 async def open_broker(
-    app: web.Application,
+    app: web.Application, service: str
 ) -> tuple[AbstractRobustChannel, dict[str, AbstractExchange]]:
-    """Connect (robustly), declare the topology; a confirming channel and the exchanges."""
+    """Connect (robustly), declare the service's part of the topology
+    (``amqp.declare_topology``); a confirming channel and the exchanges it publishes to."""
     settings = app[SETTINGS]
     app[BROKER] = await amqp.connect(settings.amqp_url)
     channel = await app[BROKER].channel(publisher_confirms=True)
-    exchanges = await amqp.declare_topology(channel, settings.prefix)
+    exchanges = await amqp.declare_topology(channel, settings.prefix, service)
     return channel, exchanges
 
 

@@ -28,7 +28,9 @@ import pytest
 import yaml
 
 from shared.contracts.names import (
+    COMMANDS_EXCHANGE,
     COMMANDS_QUEUE,
+    DEAD_LETTER,
     EVENTS_EXCHANGE,
     SOCKETS_EXCHANGE,
     bot_queue,
@@ -522,6 +524,7 @@ class _Recorded:
     exchanges: dict[str, str] = field(default_factory=dict)
     queues: dict[str, dict[str, Any]] = field(default_factory=dict)
     bindings: set[tuple[str, str, str]] = field(default_factory=set)
+    referenced: set[str] = field(default_factory=set)  # exchanges used, not declared
 
 
 @dataclass
@@ -555,12 +558,18 @@ class _Channel:
         self.recorded.queues[name] = dict(arguments or {})
         return _Queue(name, self.recorded)
 
+    async def get_exchange(self, name: str, ensure: bool = True) -> _Exchange:
+        assert not ensure, "a reference, not a declaration"
+        self.recorded.referenced.add(name)
+        return _Exchange(name)
+
 
 @functools.cache
-def declared_topology() -> _Recorded:
-    """The exchanges, queues and bindings every service declares at start (no prefix)."""
+def declared_topology(service: str | None = None) -> _Recorded:
+    """The exchanges, queues and bindings a service declares at start (no prefix); all of
+    them, as the tests and the operator declare them, when ``service`` is None."""
     recorded = _Recorded()
-    asyncio.run(amqp.declare_topology(_Channel(recorded), ""))  # type: ignore[arg-type]
+    asyncio.run(amqp.declare_topology(_Channel(recorded), "", service))  # type: ignore[arg-type]
     return recorded
 
 
@@ -613,21 +622,29 @@ def _needs(service: str) -> set[tuple[str, str]]:
     from services.chat.consumer import CHAT_QUEUE
     from services.timers.consumer import TIMERS_QUEUE
 
-    topology = declared_topology()
+    topology = declared_topology(service)
     needs = {("configure", n) for n in [*topology.exchanges, *topology.queues]}
     for source, destination, _ in topology.bindings:
         needs |= {("read", source), ("write", destination)}
-    own = {"table": "amq.gen-Xy12", "chat": CHAT_QUEUE, "timers": TIMERS_QUEUE}.get(service)
-    if own is not None:  # its own queue of table events: declare, bind, consume
-        needs |= {("configure", own), ("write", own), ("read", own), ("read", EVENTS_EXCHANGE)}
+    for arguments in topology.queues.values():  # declaring a queue that dead-letters
+        if "x-dead-letter-exchange" in arguments:
+            needs.add(("write", arguments["x-dead-letter-exchange"]))
+    own = {"table": f"{SOCKETS_EXCHANGE}.{'0' * 32}", "chat": CHAT_QUEUE, "timers": TIMERS_QUEUE}
+    if service in own:  # its own queue of table events: declare, bind, consume
+        queue = own[service]
+        needs |= {(what, queue) for what in ("configure", "write", "read")}
+        needs.add(("read", EVENTS_EXCHANGE))
+    if service in ("chat", "timers"):  # their queues dead-letter to gin.dead
+        needs.add(("write", DEAD_LETTER))
     if service == "table":  # the replicas' queues also get the relay's batches
         needs |= {("read", SOCKETS_EXCHANGE)}
     publishes = {
         "table": {EVENTS_EXCHANGE, "gin.bots", SOCKETS_EXCHANGE},
         "chat": {EVENTS_EXCHANGE},
-        "timers": {EVENTS_EXCHANGE, "amq.default"},  # expire commands to gin.commands
-        "bots": {"amq.default"},  # moves to gin.commands
+        "timers": {EVENTS_EXCHANGE, COMMANDS_EXCHANGE},  # expire commands to gin.commands
+        "bots": {COMMANDS_EXCHANGE},  # moves to gin.commands
     }[service]
+    assert topology.referenced <= publishes
     needs |= {("write", e) for e in publishes}
     consumes = {
         "table": {COMMANDS_QUEUE},
@@ -644,22 +661,44 @@ def test_each_broker_user_may_do_what_its_service_does() -> None:
         assert not refused, f"gin-{service} is refused {refused}"
 
 
+def test_each_user_may_do_only_what_its_service_does() -> None:
+    """Nothing granted beyond what the code needs, on every name the topology has."""
+    from services.chat.consumer import CHAT_QUEUE
+    from services.timers.consumer import TIMERS_QUEUE
+
+    permissions = _permissions(rendered("prod"))
+    topology = declared_topology()
+    names = {*topology.exchanges, *topology.queues, CHAT_QUEUE, TIMERS_QUEUE, "amq.default"}
+    names |= {f"{SOCKETS_EXCHANGE}.{'0' * 32}", "gin.stolen", "amq.gen-Xy12"}
+    for service in SERVICES:
+        needs = _needs(service)
+        granted = permissions[f"gin-{service}"]
+        for what in ("configure", "write", "read"):
+            extra = {n for n in names if _can(granted[what], n) and (what, n) not in needs}
+            assert not extra, f"gin-{service} may {what} {extra} without needing it"
+
+
 def test_only_bots_and_timers_write_commands_only_bots_read_bot_queues() -> None:
     permissions = _permissions(rendered("prod"))
 
     def who(permission: str, resource: str) -> set[str]:
         return {u for u, p in permissions.items() if _can(p[permission], resource)}
 
-    # gin.commands is written through the default exchange, which the broker names amq.default.
-    assert who("write", "amq.default") == {"gin-bots", "gin-timers"}
+    # The default exchange would let its writers write any queue: nobody may.
+    assert who("write", "amq.default") == set()
+    assert who("write", COMMANDS_EXCHANGE) == {"gin-bots", "gin-timers"}
     assert who("read", COMMANDS_QUEUE) == {"gin-table"}
+    assert who("write", COMMANDS_QUEUE) == {"gin-table"}  # its binding to gin.commands.in
     for level in amqp.BOT_LEVELS:
         assert who("read", bot_queue(level)) == {"gin-bots"}
+    assert who("read", "gin.bots") == {"gin-bots"}  # nobody else may bind a queue to it
     assert who("write", "gin.bots") == {"gin-table"}
+    assert who("read", DEAD_LETTER) == {"gin-table"}
     assert who("write", SOCKETS_EXCHANGE) == who("read", SOCKETS_EXCHANGE) == {"gin-table"}
     assert permissions["gin-keda"] == {"configure": "", "write": "", "read": ""}
     for user in permissions:  # nobody may make or take from queues named at random
         assert not _can(permissions[user]["read"], "gin.stolen"), user
+        assert not _can(permissions[user]["configure"], "amq.gen-Xy12"), user
 
 
 def test_each_publisher_uses_only_its_own_routing_keys() -> None:

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.timers.app import create_app, migrate
 from services.timers.consumer import TABLE_EVENTS, TIMERS_QUEUE, declare_queue
-from shared.contracts.names import EVENTS_EXCHANGE
+from shared.contracts.names import COMMANDS_EXCHANGE, EVENTS_EXCHANGE
 from shared.infra import amqp
 from shared.infra.settings import Settings
 from tests.table.conftest import Api
@@ -124,7 +124,8 @@ class TimerDb:
     async def expire_commands(self, table_id: str) -> list[dict[str, Any]]:
         """The expire commands the service sent for a table (its outbox rows)."""
         rows = await self.conn.fetch(
-            "SELECT body, published_at FROM outbox WHERE exchange = '' ORDER BY id"
+            "SELECT body, published_at FROM outbox WHERE exchange = $1 ORDER BY id",
+            COMMANDS_EXCHANGE,
         )
         bodies = [dict(msgspec.json.decode(r["body"]), published=r["published_at"]) for r in rows]
         return [b for b in bodies if b["table_id"] == table_id]
