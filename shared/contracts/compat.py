@@ -11,9 +11,9 @@ command types, new fields with defaults. A consumer of ours therefore
   unknown command type is left out and unknown fields are dropped, and a queued command of an
   unknown type is an ``UnknownCommand``.
 
-Anything that is not a well-formed message at all (not JSON, a missing ``id``, a known type
-with a field of the wrong type) still raises ``msgspec.DecodeError`` / ``ValidationError``:
-that is a poison message, for the dead-letter queue.
+Anything that is not a well-formed message at all (not JSON, nested too deeply, a missing
+``id``, a known type with a field of the wrong type) still raises ``msgspec.DecodeError`` /
+``ValidationError``: that is a poison message, for the dead-letter queue.
 
 >>> wire = (b'{"id":"6f1c2a4e-0d5b-4c3e-9a7f-2b8d1e0c9a55","type":"card_juggled","table_id":"t1",'
 ...         b'"seq":4,"occurred_at":"2026-01-02T03:04:05Z","data":{"type":"card_juggled"}}')
@@ -79,6 +79,16 @@ class _Head(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _head_decoder = msgspec.json.Decoder(_Head)
+
+
+def _untyped(body: bytes | str) -> Any:
+    """JSON as Python values; ``DecodeError`` (not ``RecursionError``) when nested too deeply."""
+    try:
+        return msgspec.json.decode(body)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON nested too deeply") from None
+
+
 _event_decoders: dict[str, msgspec.json.Decoder[Any]] = {
     tag: msgspec.json.Decoder(cls) for tag, cls in EVENT_TYPES.items()
 }
@@ -89,7 +99,10 @@ def decode_envelope(body: bytes | str) -> Envelope | UnknownEvent:
 
     Unknown fields, in the envelope and in its event, are ignored.
     """
-    head = _head_decoder.decode(body)
+    try:
+        head = _head_decoder.decode(body)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON nested too deeply") from None
     decoder = _event_decoders.get(head.type)
     if decoder is None or head.schema_version > SCHEMA_VERSION:
         return UnknownEvent(
@@ -126,7 +139,7 @@ def _known_fields(obj: dict[str, Any]) -> tuple[type[Command], dict[str, Any]] |
 
 def decode_queued_command(body: bytes | str) -> QueuedCommand | UnknownCommand:
     """A command from ``gin.commands``; ``UnknownCommand`` for a type this code does not know."""
-    obj = msgspec.json.decode(body)
+    obj = _untyped(body)
     if not isinstance(obj, dict) or not isinstance(obj.get("command"), dict):
         raise msgspec.ValidationError("a queued command is an object with a command object")
     known = _known_fields(obj["command"])
@@ -142,7 +155,7 @@ def decode_queued_command(body: bytes | str) -> QueuedCommand | UnknownCommand:
 def decode_bot_turn(body: bytes | str) -> BotTurn:
     """A bot turn; in its view's ``legal``, commands of unknown types are left out and unknown
     fields dropped (a bot that picks from ``legal`` only ever sends what it knows)."""
-    obj = msgspec.json.decode(body)
+    obj = _untyped(body)
     view = obj.get("view") if isinstance(obj, dict) else None
     legal = view.get("legal") if isinstance(view, dict) else None
     if isinstance(view, dict) and isinstance(legal, list):

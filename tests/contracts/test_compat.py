@@ -173,3 +173,13 @@ def test_a_bot_turn_with_a_bad_legal_entry_is_refused() -> None:
     turn["view"]["legal"] = ["discard"]
     with pytest.raises(msgspec.ValidationError):
         decode_bot_turn(msgspec.json.encode(turn))
+
+
+DEEP = b"[" * 5000 + b"]" * 5000
+
+
+@pytest.mark.parametrize("decode", [decode_envelope, decode_queued_command, decode_bot_turn])
+def test_json_nested_too_deeply_is_a_decode_error(decode: Any) -> None:
+    for body in (DEEP, b'{"command": ' + DEEP + b"}", b'{"data": ' + DEEP + b"}"):
+        with pytest.raises(msgspec.DecodeError):
+            decode(body)
