@@ -16,6 +16,7 @@ from aiohttp import web
 WEB_ROOT = Path(__file__).resolve().parents[2] / "web"
 # The page changes while a developer works on it: the browser asks again every time.
 NO_CACHE = {"Cache-Control": "no-cache"}
+PAGE = "dev-page"  # the routes' names start with it
 
 
 def add_dev_page(app: web.Application, root: Path = WEB_ROOT) -> None:
@@ -35,6 +36,12 @@ def add_dev_page(app: web.Application, root: Path = WEB_ROOT) -> None:
             raise web.HTTPNotFound()
         return web.FileResponse(path, headers=NO_CACHE)
 
-    app.router.add_get("/", page)
-    app.router.add_get("/tables/{table}", page)
-    app.router.add_get("/web/{path:.+}", asset)
+    app.router.add_get("/", page, name=f"{PAGE}-index")
+    app.router.add_get("/tables/{table}", page, name=f"{PAGE}-table")
+    app.router.add_get("/web/{path:.+}", asset, name=f"{PAGE}-file")
+
+
+def is_page_route(route: web.AbstractRoute) -> bool:
+    """Whether ``route`` serves the page: no part of the v1 API (nor of docs/openapi.yaml)."""
+    name = route.name or ""
+    return name.startswith(f"{PAGE}-")

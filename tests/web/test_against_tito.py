@@ -103,6 +103,19 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
         if hand and "jogando" not in shots and hand["phase"] == "discard" and hand["to_act"] == 0:
             shots.add("jogando")
             ana.shot("04-jogando")
+            # Usable on a 390 px phone: nothing wider than the screen, 11 cards all visible.
+            assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+            boxes = [card.bounding_box() for card in page.locator("#hand .card").all()]
+            assert len(boxes) == 11
+            for i, a in enumerate(boxes):
+                assert a is not None
+                assert a["x"] >= 0
+                assert a["x"] + a["width"] <= PHONE["width"]
+                for b in boxes[i + 1 :]:  # no card over another
+                    assert b is not None
+                    apart_x = a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                    apart_y = a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"]
+                    assert apart_x or apart_y, (a, b)
         if hand and not restarted and len(hand["discard_pile"]) >= 3 and hand["to_act"] == 0:
             # The table service restarts mid-match: the page's socket closes (1001), the
             # page reconnects by itself to the new process and plays on.
