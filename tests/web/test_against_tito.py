@@ -13,7 +13,7 @@ from tests.web.conftest import PHONE, SHOTS, Person, Stack
 from tests.web.play import MY_TURN, act, board_open, create_table, sign_in, version
 
 # A short match: a whole one, to its end screen, in a reasonable time.
-TARGET = 40
+TARGET = 30
 
 
 @pytest.mark.timeout(300)
