@@ -159,7 +159,11 @@ async def migrate(
         await asyncio.sleep(0.2)
     try:
         table = f'"{schema}".schema_migrations'
-        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        # A service's own role owns its schema and may create no other (production: the
+        # schema comes with the database, deploy/k8s/overlays/prod/postgres.yaml), and
+        # CREATE SCHEMA IF NOT EXISTS asks for the database's CREATE even when it exists.
+        if await conn.fetchval("SELECT to_regnamespace($1) IS NULL", f'"{schema}"'):
+            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         await conn.execute(
             f"CREATE TABLE IF NOT EXISTS {table} ("
             " version int PRIMARY KEY, name text NOT NULL,"

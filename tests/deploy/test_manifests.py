@@ -314,13 +314,15 @@ def test_prod_secrets_are_in_the_runbook() -> None:
             for var in container.get("env", []):
                 needed.add(var["valueFrom"]["secretKeyRef"]["name"])
     needed |= {u["spec"]["importCredentialsSecret"]["name"] for u in of_kind(objs, "User")}
-    needed.add(
-        named(objs, "Cluster", "gin-postgres")["spec"]["bootstrap"]["initdb"]["secret"]["name"]
-    )
+    cluster = named(objs, "Cluster", "gin-postgres")["spec"]
+    needed.add(cluster["bootstrap"]["initdb"]["secret"]["name"])
+    needed |= {r["passwordSecret"]["name"] for r in cluster["managed"]["roles"]}
+    credentials = cluster["backup"]["barmanObjectStore"]["s3Credentials"]
+    needed |= {ref["name"] for ref in credentials.values()}
     assert not of_kind(objs, "Secret"), "production Secrets are never in git"
     runbook = RUNBOOK.read_text()
     assert not {s for s in needed if f"`{s}`" not in runbook}, "deploy/README.md, Secrets"
-    assert len(needed) == 7
+    assert len(needed) == 11
 
 
 # --- network policies --------------------------------------------------------------------------

@@ -1,0 +1,216 @@
+"""A PostgreSQL role per service, on a real server (issue 14, part 6).
+
+A throwaway PostgreSQL (``scripts/servers.py``; its roles are its own, so the machine's server
+is not touched) is set up as CloudNativePG sets up the prod overlay's Cluster: the database
+``gin`` owned by ``gin``, then the Cluster's ``postInitApplicationSQL`` (a role per service
+owning its schema) and its managed roles, all read from the rendered manifests. Every service
+then runs as a process connected as its own role: each migrates its schema (the Job's
+``migrate`` too), all reach ready and a match against TITO is played to the end with a chat
+message. Last, each role is refused every table of the other schemas (the chat cannot read
+``gin_table.tables``, which holds hands and deck orders), a schema of its own making, tables in
+``public`` and the other roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aio_pika
+import aiohttp
+import asyncpg
+import msgspec
+import pytest
+
+from services.chat.consumer import CHAT_QUEUE
+from services.timers.consumer import TIMERS_QUEUE
+from shared.infra import amqp
+from shared.infra.auth import mint
+from shared.infra.settings import Settings, env_name
+from tests.deploy.test_prod_broker import play_against_tito, render_prod
+from tests.e2e.processes import ROOT, Service
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import servers
+
+pytestmark = pytest.mark.slow
+SCHEMAS = {"table": "gin_table", "chat": "gin_chat", "timers": "gin_timers"}
+SERVICES = ("table", "chat", "timers", "bots")
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.PgState]:
+    state_dir = tmp_path_factory.mktemp("postgres")
+    entry = servers.start_postgres(
+        state_dir, servers.load_state(state_dir), servers.Installer(), 120
+    )
+    try:
+        yield entry
+    finally:
+        servers.stop_postgres(entry, servers.owner_of(state_dir))
+
+
+def with_user(url: str, user: str, database: str) -> str:
+    """``url`` (the superuser's) as ``user`` on ``database``."""
+    host = url.split("@", 1)[1].rsplit("/", 1)[0]
+    return f"postgresql://{user}@{host}/{database}"
+
+
+async def bootstrap(superuser_url: str) -> dict[str, str]:
+    """What CloudNativePG does for the prod Cluster: its initdb (database and owner), the
+    post-init SQL, then the managed roles; each service's role by service."""
+    cluster = next(
+        o
+        for o in render_prod()
+        if o["kind"] == "Cluster" and o["metadata"]["name"] == "gin-postgres"
+    )
+    initdb = cluster["spec"]["bootstrap"]["initdb"]
+    database, owner = initdb["database"], initdb["owner"]
+    conn = await asyncpg.connect(superuser_url)
+    try:
+        await conn.execute(f'CREATE ROLE "{owner}" LOGIN')
+        await conn.execute(f'CREATE DATABASE "{database}" OWNER "{owner}"')
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(with_user(superuser_url, "postgres", database))
+    try:
+        for statement in initdb["postInitApplicationSQL"]:
+            await conn.execute(statement)
+        roles = cluster["spec"]["managed"]["roles"]
+        for role in roles:  # the operator: attributes and the Secret's password
+            login = "LOGIN" if role["login"] else "NOLOGIN"
+            await conn.execute(
+                f'ALTER ROLE "{role["name"]}" {login} NOSUPERUSER NOCREATEDB NOCREATEROLE'
+                f" PASSWORD '{uuid.uuid4().hex}'"
+            )
+    finally:
+        await conn.close()
+    by_secret = {r["passwordSecret"]["name"]: r["name"] for r in roles}
+    return {service: by_secret[f"gin-{service}-database"] for service in SCHEMAS}
+
+
+@pytest.fixture
+async def prefix(settings: Settings) -> AsyncIterator[str]:
+    """A broker prefix of this test's own: the services declare their topology themselves."""
+    own = f"{settings.prefix}roles-{uuid.uuid4().hex[:6]}."
+    yield own
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await amqp.delete_topology(channel, own)
+        for queue in (CHAT_QUEUE, TIMERS_QUEUE):
+            await channel.queue_delete(own + queue)
+
+
+async def refused(url: str, sql: str) -> bool:
+    """True when the role of ``url`` gets "insufficient privilege" (42501) for ``sql``."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql)
+    except asyncpg.InsufficientPrivilegeError:
+        return True
+    finally:
+        await conn.close()
+    return False
+
+
+async def test_each_service_uses_only_its_own_schema_as_its_own_role(
+    postgres: servers.PgState, settings: Settings, prefix: str, tmp_path: Path
+) -> None:
+    roles = await bootstrap(postgres.url)
+    urls = {service: with_user(postgres.url, role, "gin") for service, role in roles.items()}
+    s = msgspec.structs.replace(settings, prefix=prefix, log_format="json", bot_think_s=0.0)
+
+    # The migrations Job's step for one service, as its role.
+    migrated = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "services.chat", "migrate"],
+        env={**os.environ, env_name("database_url"): urls["chat"]},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert migrated.returncode == 0, migrated.stderr
+
+    logs = {name: tmp_path / f"{name}.log" for name in SERVICES}
+    services = {
+        name: Service(
+            f"services.{name}",
+            msgspec.structs.replace(s, database_url=urls.get(name, s.database_url)),
+            log_to=logs[name],
+            GIN_LOG_LEVEL="info",
+        )
+        for name in SERVICES
+    }
+    try:
+        for name, service in services.items():
+            try:
+                await service.ready(within_s=90)
+            except (RuntimeError, TimeoutError) as exc:
+                raise AssertionError(f"{name}: {exc}\n{logs[name].read_text()[-3000:]}") from exc
+        table, chat = services["table"].base, services["chat"].base
+        async with aiohttp.ClientSession() as session:
+            token = mint(s.auth_secret, f"ana-{uuid.uuid4().hex}", "Ana")
+            table_id = await play_against_tito(session, table, token)
+            async with session.post(
+                f"{chat}/v1/tables/{table_id}/messages",
+                json={"text": "boa"},
+                headers={"Authorization": f"Bearer {token}"},
+            ) as r:
+                assert r.status == 201, await r.text()
+    finally:
+        for service in services.values():
+            service.stop()
+    for name, path in logs.items():
+        for line in path.read_text().splitlines():
+            assert json.loads(line)["level"] not in ("error", "critical"), (name, line)
+
+    superuser = await asyncpg.connect(with_user(postgres.url, "postgres", "gin"))
+    try:
+        objects = await superuser.fetch(
+            "SELECT n.nspname AS schema, c.relname AS name, pg_get_userbyid(c.relowner) AS owner"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'u', 'S', 'v')",
+            list(SCHEMAS.values()),
+        )
+    finally:
+        await superuser.close()
+    tables = {(r["schema"], r["name"]) for r in objects}
+    assert ("gin_table", "tables") in tables
+    for row in objects:  # every object made by the migrations is its own role's
+        service = next(s for s, schema in SCHEMAS.items() if schema == row["schema"])
+        assert row["owner"] == roles[service], dict(row)
+
+    failures: list[str] = []
+    for service, url in urls.items():
+        own = SCHEMAS[service]
+        attempts = [
+            f"SELECT 1 FROM {schema}.{name} LIMIT 1"
+            for schema, name in sorted(tables)
+            if schema != own
+        ]
+        attempts += [
+            f"CREATE TABLE {other}.stolen (x int)" for other in SCHEMAS.values() if other != own
+        ]
+        attempts += [
+            "CREATE SCHEMA another",
+            "CREATE TABLE public.stolen (x int)",
+            *(f"SET ROLE {role}" for s, role in roles.items() if s != service),
+            "SET ROLE gin",
+        ]
+        for sql in attempts:
+            if not await refused(url, sql):
+                failures.append(f"{roles[service]}: {sql}")
+        for schema, name in sorted(tables):  # what it may do: its own tables
+            if schema == own:
+                assert not await refused(url, f"SELECT 1 FROM {schema}.{name} LIMIT 1")
+    assert not failures, failures
+    assert await refused(urls["chat"], "SELECT * FROM gin_table.tables")  # hands, deck orders
