@@ -120,6 +120,7 @@ export class TableSocket {
     this.attempt = 0;
     this.stopped = false;
     this.timer = null;
+    this.waiting = false; // closed, and a reconnection is scheduled
   }
 
   start() {
@@ -168,10 +169,20 @@ export class TableSocket {
       }
       const delay = BACKOFF_MS[Math.min(this.attempt, BACKOFF_MS.length - 1)];
       this.attempt += 1;
+      this.waiting = true;
       this.timer = setTimeout(() => {
+        this.waiting = false;
         if (!this.stopped) this.connect();
       }, delay);
     };
+  }
+
+  /** Reconnect at once if the socket is down and waiting for its next try. */
+  retryNow() {
+    if (this.stopped || !this.waiting) return;
+    clearTimeout(this.timer);
+    this.waiting = false;
+    this.connect();
   }
 
   get open() {

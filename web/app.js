@@ -369,6 +369,8 @@ async function send(command) {
     applyView(result.view);
   } catch (err) {
     refused(err);
+    // Refused as "not now": the page may have missed something; the server's view decides.
+    if (err instanceof Refusal && err.status === 409) refreshView();
   } finally {
     S.busy = false;
     S.confirmResign = false;
@@ -844,6 +846,11 @@ function bindStatic() {
     if (card) discard(card);
   });
   window.addEventListener("popstate", () => location.reload());
+  // Back online, or back on the screen (a phone asleep): reconnect now, not at the next try.
+  window.addEventListener("online", () => S.socket && S.socket.retryNow());
+  document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible" && S.socket) S.socket.retryNow();
+  });
 }
 
 // For the browser tests and the curious: the page's state, read-only by convention.
