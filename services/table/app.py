@@ -63,6 +63,7 @@ def create_app(
         clock,
         shuffle,
         bot_resend_s=settings.bot_turn_resend_s,
+        rows_kept=settings.table_rows_kept,
     )
     app[COMMITTED] = lambda change: _committed(app, change)
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
@@ -110,6 +111,7 @@ async def _committed(app: web.Application, change: Change) -> None:
     the change to deliver to this replica's sockets after the answer. Neither waits on a
     socket, and neither may fail the command: it is committed, and the relay's poll and the
     sockets' gap fill make up for what did not happen here."""
+    app[TABLES].committed(change.row)
     try:
         if RELAY in app and change.outbox:
             app[RELAY].committed()

@@ -75,6 +75,14 @@ class CommandMetrics:
             registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
         )
+        self.ways = Counter(
+            "gin_command_ways",
+            "People's commands answered by the way they took: one statement on the remembered"
+            " row, or the row locked and read (the first at a table, after a change elsewhere,"
+            " and every refusal)",
+            ["way"],
+            registry=registry,
+        )
 
 
 METRICS = web.AppKey("command_metrics", CommandMetrics)
@@ -182,20 +190,29 @@ async def get_table(request: web.Request) -> web.Response:
 
 
 async def run_command(request: web.Request, command: Any, identity: Identity) -> bytes:
-    """Apply one person's command in its own transaction, with metrics and log context (its
-    sender's limits are the caller's: ``counted_command``)."""
+    """Apply one person's command, with metrics and log context: in one statement on the
+    table's remembered row when it is current, else in a transaction that locks and reads it
+    (its sender's limits are the caller's: ``counted_command``)."""
     app = request.app
     kind = type(command).__name__
     structlog.contextvars.bind_contextvars(command_id=command.command_id)
     start = time.perf_counter()
     outcome = "refused"
     actor = Actor(kind="person", identity=identity)
+    table_id = request.match_info["id"]
+    tables = app[TABLES]
     try:
-        app[TABLES].refuse_from_memory(request.match_info["id"], actor, command)
-        async with app[POOL].acquire() as conn, conn.transaction():
-            result, change = await app[TABLES].command(
-                conn, request.match_info["id"], actor, command
-            )
+        tables.refuse_from_memory(table_id, actor, command)
+        change: Change | None
+        async with app[POOL].acquire() as conn:
+            at_once = await tables.command_at_once(conn, table_id, actor, command)
+            if at_once is not None:
+                result, change = at_once
+                app[METRICS].ways.labels("one_statement").inc()
+            else:
+                async with conn.transaction():
+                    result, change = await tables.command(conn, table_id, actor, command)
+                app[METRICS].ways.labels("locked").inc()
         outcome = "applied"
         if change is not None:
             await app[COMMITTED](change)

@@ -214,12 +214,58 @@ SELECT $1, h.hand, h.record::jsonb FROM unnest($18::int[], $19::text[]) AS h(han
 """
 
 
+# The same writes, done only if the table is still at ``$21`` and the mover's deck design is
+# still ``$23``: a command applied to a remembered row commits in this one statement, with no
+# lock taken first (a commit elsewhere since makes it write nothing, and the caller takes the
+# locked way). A command_id the actor used already fails the statement (a unique violation)
+# and writes nothing either.
+_SAVE_IF = """
+WITH moved AS (
+    UPDATE tables SET seats = $2::jsonb, status = $3, state = $4, version = $5, seq = $6,
+        last_move_at = $7, bot_turn_due_at = $20
+    WHERE table_id = $1 AND version = $21
+        AND (SELECT deck_design FROM preferences WHERE player_id = $22) IS NOT DISTINCT FROM $23
+    RETURNING 1 AS one
+), logged AS (
+    INSERT INTO events (table_id, seq, type, envelope)
+    SELECT $1, x.seq, x.type, x.envelope::jsonb
+    FROM moved, unnest($8::bigint[], $9::text[], $10::text[]) AS x(seq, type, envelope)
+), queued AS (
+    INSERT INTO outbox (exchange, routing_key, body, message_id)
+    SELECT x.exchange, x.routing_key, x.body, x.message_id
+    FROM moved, unnest($11::text[], $12::text[], $13::bytea[], $14::text[])
+        AS x(exchange, routing_key, body, message_id)
+), answered AS (
+    INSERT INTO commands (table_id, command_id, actor, result)
+    SELECT $1, $15, $16, $17 FROM moved WHERE $15::text IS NOT NULL
+), ended AS (
+    INSERT INTO hands (table_id, hand, record)
+    SELECT $1, h.hand, h.record::jsonb
+    FROM moved, unnest($18::int[], $19::text[]) AS h(hand, record)
+)
+SELECT count(*) FROM moved
+"""
+
+
 async def save_change(conn: Conn, change: Change) -> None:
     """Store a table's new state, its events, outbox messages, hand records and the command's
     result: all in one statement. The caller tells the relay once it has committed."""
+    await conn.execute(_SAVE, *_save_args(change))
+
+
+async def save_change_if(
+    conn: Conn, change: Change, version: int, player_id: str, deck_design: str | None
+) -> bool:
+    """``save_change`` in one statement of its own (no transaction around it), if the table
+    is still at ``version`` and the player's deck design still ``deck_design``; whether it
+    was. A command_id the actor used already raises asyncpg's UniqueViolationError."""
+    args = (*_save_args(change), version, player_id, deck_design)
+    return bool(await conn.fetchval(_SAVE_IF, *args))
+
+
+def _save_args(change: Change) -> tuple[object, ...]:
     row = change.row
-    await conn.execute(
-        _SAVE,
+    return (
         row.table_id,
         _json.encode(row.seats).decode(),
         row.status,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+import asyncpg
 import msgspec
 
 from services.table import store
@@ -45,6 +46,7 @@ BOT_NAMES: dict[BotLevel, str] = {"tito": "TITO", "carmen": "CARMEN", "luna": "L
 _json = msgspec.json.Encoder()
 Shuffle = Callable[[], tuple[list[int], str, int]]
 SEATINGS_KEPT = 100_000  # full seatings remembered per replica (some 200 bytes each)
+ROWS_KEPT = 20_000  # committed rows remembered per replica (some 3 KiB each)
 
 
 class Actor(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,6 +90,7 @@ class Tables:
         clock: Callable[[], float] = time.time,
         shuffle: Shuffle = secure_shuffle,
         bot_resend_s: float = 30.0,
+        rows_kept: int = ROWS_KEPT,
     ) -> None:
         self.public_url = public_url.rstrip("/")
         self.bot_resend_after = timedelta(seconds=bot_resend_s)
@@ -97,6 +100,10 @@ class Tables:
         self.shuffle = shuffle
         # Full seatings read from committed rows (true for good, R10.1), newest last.
         self.seatings: OrderedDict[str, store.Seating] = OrderedDict()
+        # Committed rows and the deck designs last read, newest last (``command_at_once``).
+        self.rows_kept = rows_kept
+        self.rows: OrderedDict[str, TableRow] = OrderedDict()
+        self.designs: OrderedDict[str, str | None] = OrderedDict()
 
     def timing(self) -> Timing:
         """Now, with the absence and expiry durations."""
@@ -216,6 +223,8 @@ class Tables:
         locked = await self._lock(conn, table_id, cmd.command_id, player, actor.label)
         row = locked.row
         self._remember(row)
+        if player is not None:
+            self._remember_design(player, locked.deck_design)
         seat = self._seat(row, actor, cmd)
         if locked.prior is not None:  # this actor's own: ids are scoped by who sends them
             return locked.prior.encode(), None
@@ -236,6 +245,63 @@ class Tables:
             change.command_id, change.actor, change.result = cmd.command_id, actor.label, result
         await store.save_change(conn, change)
         return result, change
+
+    # --- a command in one statement -------------------------------------------------------
+
+    def committed(self, row: TableRow) -> None:
+        """A row as just committed (never one read or changed inside an open transaction):
+        a person's next command at its table may be applied to it (``command_at_once``)."""
+        if self.rows_kept <= 0:
+            return
+        self.rows[row.table_id] = row
+        self.rows.move_to_end(row.table_id)
+        if len(self.rows) > self.rows_kept:
+            self.rows.popitem(last=False)
+
+    async def command_at_once(
+        self, conn: Conn, table_id: str, actor: Actor, cmd: c.Command
+    ) -> tuple[bytes, store.Change] | None:
+        """A person's command applied to the table's remembered row and saved in one
+        statement, outside any transaction, if the table is still at that version (and the
+        person's deck design as remembered); None when it is not for this way: nothing
+        remembered, a refusal, a version or design moved on, a command_id used already.
+        The caller then takes the locked way (``command``), which refuses or answers a
+        repeated command_id as it always did: this way only ever applies."""
+        remembered = self.rows.get(table_id)
+        player = actor.identity.id if actor.identity is not None else None
+        if remembered is None or player is None or player not in self.designs:
+            return None
+        if cmd.expected_version is not None and cmd.expected_version != remembered.version:
+            return None
+        design = self.designs[player]
+        row = msgspec.structs.replace(remembered)  # the remembered row is never changed
+        try:
+            seat = self._seat(row, actor, cmd)
+            events = self._apply(row, seat, cmd)
+        except (Refused, IllegalAction):
+            return None
+        change = self._change(row, events)
+        view = self.table_view(row, seat, design)
+        change.views[(seat, design)] = view
+        result = _json.encode(
+            CommandResult(version=row.version, events=change.envelopes, view=view)
+        )
+        if cmd.command_id is not None:
+            change.command_id, change.actor, change.result = cmd.command_id, actor.label, result
+        try:
+            applied = await store.save_change_if(conn, change, remembered.version, player, design)
+        except asyncpg.UniqueViolationError:  # this actor's command_id: its first result
+            applied = False
+        if not applied:
+            self.rows.pop(table_id, None)
+            return None
+        return result, change
+
+    def _remember_design(self, player: str, design: str | None) -> None:
+        self.designs[player] = design
+        self.designs.move_to_end(player)
+        if len(self.designs) > self.rows_kept:
+            self.designs.popitem(last=False)
 
     # --- refusals before the row lock -------------------------------------------------------
 

@@ -48,6 +48,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     db_statement_timeout_s: float = 5.0  # PostgreSQL cancels a statement after this (503)
     max_body_bytes: int = 64 * 1024  # a larger request body answers 413
     ws_max_frame_bytes: int = 16 * 1024  # a larger WebSocket message closes the socket (1009)
+    # Committed table rows a table replica remembers: a person's command at one of them is
+    # applied to it and saved in one statement (0: every command locks and reads its row).
+    table_rows_kept: int = 20_000
     ws_send_queue: int = 256  # frames queued for one socket; a client past it is closed (4008)
     # Per-identity limits, valid across replicas: so many per window (seconds), then 429.
     rate_commands: int = 600
