@@ -13,10 +13,62 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
+
+LINES_PER_S = 10  # of one event at warning or above; the rest are counted, not written
+
+
+class Throttle:
+    """At most ``per_s`` lines a second of any one event at warning or above: an outage makes
+    every request and every retry say the same thing (some 77,000 lines in one PostgreSQL
+    restart), which buries the lines that differ. The next line of that event that passes
+    carries ``suppressed``, how many were dropped since the last one."""
+
+    def __init__(self, per_s: int = LINES_PER_S, clock: Callable[[], float] = time.monotonic):
+        self.per_s = per_s
+        self.clock = clock
+        self.seen: dict[str, tuple[int, int, int]] = {}  # key: (second, passed, dropped)
+
+    def passes(self, key: str) -> tuple[bool, int]:
+        """Whether a line of this event may be written now, and how many were dropped
+        before it (0 when it may not)."""
+        second = int(self.clock())
+        window, passed, dropped = self.seen.get(key, (second, 0, 0))
+        if window != second:
+            window, passed = second, 0
+        if passed >= self.per_s:
+            self.seen[key] = (window, passed, dropped + 1)
+            return False, 0
+        if len(self.seen) > 10_000:  # library messages vary: keep the memory bounded
+            self.seen.clear()
+        self.seen[key] = (window, passed + 1, 0)
+        return True, dropped
+
+    def processor(self, _: WrappedLogger, method: str, event_dict: EventDict) -> EventDict:
+        """A structlog processor: drop the line (``DropEvent``) past the rate."""
+        if method not in ("warning", "error", "critical", "exception"):
+            return event_dict
+        ok, dropped = self.passes(str(event_dict.get("event", ""))[:100])
+        if not ok:
+            raise structlog.DropEvent
+        if dropped:
+            event_dict["suppressed"] = dropped
+        return event_dict
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """A logging filter (the libraries' records): the same rate, by logger and message."""
+        if record.levelno < logging.WARNING:
+            return True
+        ok, dropped = self.passes(f"{record.name}:{str(record.msg)[:100]}")
+        if ok and dropped:
+            record.suppressed = dropped
+        return ok
+
 
 # Libraries chatty at INFO about what our own logs say better (one line per reconnection
 # attempt, per channel): their warnings and errors still come through.
@@ -38,8 +90,10 @@ def configure(log_format: str = "json", level: str = "info", service: str | None
     ]
     if service is not None:
         shared.append(_add_service(service))
+    throttle = Throttle()
     structlog.configure(
         processors=[
+            throttle.processor,
             *shared,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
@@ -52,7 +106,7 @@ def configure(log_format: str = "json", level: str = "info", service: str | None
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, _add_suppressed],
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
@@ -63,6 +117,7 @@ def configure(log_format: str = "json", level: str = "info", service: str | None
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
+    handler.addFilter(throttle.filter)
     root.addHandler(handler)
     root.setLevel(level_no)
     for name in QUIET_AT_INFO:
@@ -77,6 +132,14 @@ def _add_service(service: str) -> Processor:
         return event_dict
 
     return add_service
+
+
+def _add_suppressed(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    record = event_dict.get("_record")
+    suppressed = getattr(record, "suppressed", None)
+    if suppressed:
+        event_dict["suppressed"] = suppressed
+    return event_dict
 
 
 def _log_uncaught(
