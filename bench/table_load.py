@@ -58,11 +58,11 @@ FLOOD_CONNECTIONS = [int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "
 WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
 
 
-def cpu_seconds(service_pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the service, every PostgreSQL process and
-    every RabbitMQ (Erlang) process of the machine."""
+def cpu_seconds(service_pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) used so far by the service, each PostgreSQL process and
+    each RabbitMQ (Erlang) process of the machine, by pid: (part, seconds)."""
     tick = os.sysconf("SC_CLK_TCK")
-    parts = {"service": 0.0, "postgresql": 0.0, "rabbitmq": 0.0}
+    found: dict[int, tuple[str, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -71,9 +71,10 @@ def cpu_seconds(service_pid: int) -> dict[str, float]:
         except OSError:
             continue  # gone meanwhile
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        pid = int(entry.name)
         part = (
             "service"
-            if int(entry.name) == service_pid
+            if pid == service_pid
             else "postgresql"
             if name == "postgres"
             else "rabbitmq"
@@ -82,13 +83,40 @@ def cpu_seconds(service_pid: int) -> dict[str, float]:
         )
         if part is not None:
             fields = stat[stat.rindex(")") + 2 :].split()
-            parts[part] += (int(fields[11]) + int(fields[12])) / tick
-    return parts
+            found[pid] = (part, (int(fields[11]) + int(fields[12])) / tick)
+    return found
 
 
-def cpu_per_move(before: dict[str, float], after: dict[str, float], moves: int) -> dict[str, float]:
-    """Milliseconds of CPU per applied move, by part, between two ``cpu_seconds``."""
-    return {k: round((after[k] - before[k]) * 1000 / max(moves, 1), 3) for k in before}
+def cpu_per_move(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], moves: int
+) -> dict[str, float]:
+    """Milliseconds of CPU per applied move, by part, of the processes alive at both ends
+    (the service's pool and the broker live through a round; one that ended is not counted)."""
+    parts = {"service": 0.0, "postgresql": 0.0, "rabbitmq": 0.0}
+    for pid, (part, seconds) in after.items():
+        if pid in before:
+            parts[part] += seconds - before[pid][1]
+    return {k: round(v * 1000 / max(moves, 1), 3) for k, v in parts.items()}
+
+
+async def gc_pauses(session: aiohttp.ClientSession, base: str) -> dict[str, tuple[float, float]]:
+    """The service's collector pauses so far, by generation: (count, seconds)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with session.get(f"{base}/metrics") as r:
+        text = await r.text()
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "gin_gc_pause_seconds":
+            continue
+        for sample in family.samples:
+            generation = sample.labels.get("generation", "")
+            kept = found.setdefault(generation, [0.0, 0.0])
+            if sample.name.endswith("_count"):
+                kept[0] = sample.value
+            elif sample.name.endswith("_sum"):
+                kept[1] = sample.value
+    return {g: (c, s) for g, (c, s) in found.items()}
 
 
 def emit(**fields: Any) -> None:
@@ -393,9 +421,11 @@ async def play(
                 cwd=ROOT,
                 stdout=asyncio.subprocess.PIPE,
             )
+        collected = await gc_pauses(session, base)
         start = time.perf_counter()
         await asyncio.sleep(SECONDS)
         end = time.perf_counter()
+        after = await gc_pauses(session, base)
         elapsed = end - start
         flood: dict[str, Any] = {}
         if flooder is not None:
@@ -418,6 +448,8 @@ async def play(
         "command_to_opponent_ws_p99_ms": round(lat[int(len(lat) * 0.99)], 2),
         "p99_worst_window_ms": max(windows, default=None),
         "p99_by_window_ms": windows,
+        # The service's full collections in the round: how many, and their mean pause.
+        "service_full_gcs": _gc_delta(collected, after, "2"),
         "refused": sum(m.errors for m in matches),
         "n": moves,
         "moves_per_match_min_median_max": [
@@ -426,6 +458,14 @@ async def play(
             max(m.moves for m in matches),
         ],
     }
+
+
+def _gc_delta(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], gen: str
+) -> dict[str, float]:
+    count = after.get(gen, (0.0, 0.0))[0] - before.get(gen, (0.0, 0.0))[0]
+    seconds = after.get(gen, (0.0, 0.0))[1] - before.get(gen, (0.0, 0.0))[1]
+    return {"count": count, "mean_ms": round(seconds * 1000 / count, 2) if count else 0.0}
 
 
 async def published(url: str, figures: dict[str, Any]) -> dict[str, Any]:
