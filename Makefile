@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: dev test check fmt bench venv clean servers servers-stop asyncapi openapi docs manifests \
+.PHONY: dev test check fmt bench chaos venv clean servers servers-stop asyncapi openapi docs manifests \
 	browser \
 	contracts-schema contracts-dist
 
@@ -49,6 +49,12 @@ fmt: venv
 
 bench: venv
 	$(BIN)/python -m bench
+
+# The backend under faults (kill -9 of each service, PostgreSQL restarts, RabbitMQ stopped) on
+# throwaway servers of its own; one JSON report, exit 1 unless its counts are all 0 (minutes
+# long: not part of make test).
+chaos: venv
+	$(BIN)/python -m chaos
 
 dev: venv
 	$(BIN)/python scripts/dev.py
