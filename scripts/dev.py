@@ -44,6 +44,19 @@ async def make_database(admin_url: str, name: str) -> str:
     return admin_url.rpartition("/")[0] + "/" + name
 
 
+async def declare_topology(amqp_url: str, prefix: str) -> None:
+    """The whole shared topology, as the topology operator declares it in production: each
+    service declares only its own part, and the table may publish a bot's turn before the bot
+    worker has declared its queue."""
+    import aio_pika
+
+    from shared.infra import amqp
+
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        await amqp.declare_topology(await connection.channel(), prefix)
+
+
 def main() -> int:
     """Run the backend; return when every service has stopped."""
     urls = servers.ensure(ROOT / ".run" / "servers")
@@ -53,6 +66,7 @@ def main() -> int:
         env["GIN_DATABASE_URL"] = asyncio.run(make_database(urls["GIN_DATABASE_URL"], DEV_DATABASE))
     env.setdefault("GIN_DEV_TOKENS", "1")
     env.setdefault("GIN_LOG_FORMAT", "console")
+    asyncio.run(declare_topology(env["GIN_AMQP_URL"], env.get("GIN_PREFIX", "")))
     procs: list[subprocess.Popen[bytes]] = []
     for module, port in SERVICES:
         if importlib.util.find_spec(module) is None:
