@@ -40,11 +40,21 @@ async def test_each_route_is_timed_and_counted_by_status_and_a_failure_is_a_500(
         for path in ("/boom", "/v1/tables/a", "/v1/tables/b", "/no/such/path", "/healthz"):
             async with client.get(path) as response:
                 await response.read()
+        for method in ("PROPFIND", "MKCOL", "LOCK"):  # methods of no route add no series
+            async with client.request(method, f"/{method}") as response:
+                await response.read()
     answers = "gin_http_responses_total"
     assert value(registry, answers, method="GET", route="/boom", status="500") == 1
     assert value(registry, answers, method="GET", route="/v1/tables/{id}", status="200") == 2
     assert value(registry, answers, method="GET", route="unmatched", status="404") == 1
     assert value(registry, answers, method="GET", route="/healthz", status="200") == 1
+    other = value(registry, answers, method="other", route="unmatched", status="405")
+    other += value(registry, answers, method="other", route="unmatched", status="404")
+    assert other == 3
+    series = {
+        s.labels["method"] for m in registry.collect() for s in m.samples if "method" in s.labels
+    }
+    assert series == {"GET", "other"}
     timed = "gin_http_request_seconds_count"
     assert value(registry, timed, method="GET", route="/v1/tables/{id}") == 2
     assert value(registry, "process_cpu_seconds_total") > 0
