@@ -90,12 +90,12 @@ class Turns:
         self.to_act[table_id] = after
         if after == before:
             return None
-        player = None if after is None else seats[after]
+        who = None if after is None else seats[after]
         return {
             "table_id": table_id,
             "seat": after,
-            "player": None if player is None else (player.id or f"bot:{player.bot}"),
-            "name": None if player is None else player.name,
+            "player": None if who is None else (who.id or f"bot:{who.bot}"),
+            "name": None if who is None else who.name,
             "since": envelope.occurred_at,
         }
 
