@@ -419,15 +419,27 @@ async def test_memory_is_bounded_and_a_forgotten_identity_is_refused_after_one_s
 
 
 async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
-    settings = Settings(rate_commands=7, rate_joins_window_s=5.0, rate_sync_s=0.5)
+    settings = Settings(
+        rate_commands=7,
+        rate_joins_window_s=5.0,
+        rate_sync_s=0.5,
+        rate_refusals=9,
+        rate_hold_interval_s=0.3,
+        rate_hold_max_s=4.0,
+        rate_holds_max=40,
+    )
     limiter = RateLimiter.from_settings(pool, settings)
     assert limiter.limits == {
         "commands": Limit(7, 60.0),
         "joins": Limit(60, 5.0),
         "tables": Limit(120, 3600.0),
         "sockets": Limit(120, 60.0),
+        "refusals": Limit(9, 60.0),
     }
     assert limiter.sync_s == 0.5
+    holds = limiter.holds
+    assert (holds.interval_s, holds.max_s, holds.max_held) == (0.3, 4.0, 40)
+    assert holds.max_held_per_identity == 10
     with pytest.raises(KeyError):
         limiter.check("chats", "ann")
 
