@@ -468,6 +468,29 @@ def _gc_delta(
     return {"count": count, "mean_ms": round(seconds * 1000 / count, 2) if count else 0.0}
 
 
+async def autovacuums(url: str) -> dict[str, int]:
+    """How often autovacuum and autoanalyze have run on each table of the service."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT relname, autovacuum_count + autoanalyze_count AS n FROM pg_stat_user_tables"
+            " WHERE schemaname = 'gin_table'"
+        )
+    finally:
+        await conn.close()
+    return {row["relname"]: row["n"] for row in rows}
+
+
+def measured_round(url: str, base: str, *args: Any) -> dict[str, Any]:
+    """One round of ``play(base, *args)``, its figures once published, and the tables that
+    autovacuum or autoanalyze went through meanwhile (a stall's usual suspect)."""
+    before = asyncio.run(autovacuums(url))
+    figures = asyncio.run(published(url, uvloop.run(play(base, *args))))
+    after = asyncio.run(autovacuums(url))
+    figures["autovacuumed"] = sorted(t for t, n in after.items() if n > before.get(t, 0))
+    return figures
+
+
 async def published(url: str, figures: dict[str, Any]) -> dict[str, Any]:
     """The figures once every event of the phase is on RabbitMQ: a relay that fell behind
     would leave its work to the next phase, so the rate counts the time to catch up."""
@@ -566,7 +589,7 @@ def main() -> None:
                     p50_ms=round(p50, 2),
                 )
             if "saturated" in PHASES:  # every player answers at once
-                figures = asyncio.run(published(url, uvloop.run(play(base, 0.0))))
+                figures = measured_round(url, base, 0.0)
                 saturated.append(figures["per_s"])
                 emit(round=n, **figures)
         if raw and saturated:
@@ -579,7 +602,7 @@ def main() -> None:
             )
         if "paced" in PHASES:  # people: a moment's thought before each move, right after
             before = cpu_seconds(proc.pid)
-            figures = asyncio.run(published(url, uvloop.run(play(base, THINK_S))))
+            figures = measured_round(url, base, THINK_S)
             cpu = cpu_per_move(before, cpu_seconds(proc.pid), figures["n"])
             emit(**figures, cpu_ms_per_move=cpu)
         if "flood" in PHASES:
@@ -602,9 +625,7 @@ def flood_rounds(url: str, base: str) -> None:
         for n in range(ROUNDS):
             pair = [(0.0, quiet), (FLOOD_PER_S, flooded)]
             for rate, rounds in pair if n % 2 == 0 else pair[::-1]:  # ABBA: neither first
-                figures = asyncio.run(
-                    published(url, uvloop.run(play(base, FLOOD_THINK_S, rate, connections)))
-                )
+                figures = measured_round(url, base, FLOOD_THINK_S, rate, connections)
                 rounds.append(figures)
                 emit(round=n, phase="flood" if rate else "quiet", **figures)
         emit(
