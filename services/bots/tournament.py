@@ -7,11 +7,15 @@ order (and the same first dealer by lot), with the strategies in swapped seats, 
 the cards cancels out. Each seat decides from exactly the ``TableView`` a bot gets
 (``seat_table_view``) with an RNG seeded from the table id and version, as the worker does.
 Progress goes to stderr; the last stdout line is one JSON object with the results.
+Matches are played to 100 points unless ``--target`` says otherwise. Decisions are timed twice:
+``decision_ms`` is wall-clock time, ``decision_cpu_ms`` the deciding thread's CPU time (what one
+decision costs one core, whatever else the machine is running).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing
@@ -53,6 +57,7 @@ class MatchResult:
     big_gins: dict[str, int] = field(default_factory=lambda: {"a": 0, "b": 0})
     undercuts: dict[str, int] = field(default_factory=lambda: {"a": 0, "b": 0})
     decision_s: dict[str, list[float]] = field(default_factory=lambda: {"a": [], "b": []})
+    decision_cpu_s: dict[str, list[float]] = field(default_factory=lambda: {"a": [], "b": []})
 
 
 def deck_for(seed: int, pair: int, number: int) -> list[int]:
@@ -118,8 +123,9 @@ def _move(
         options=state.options,
     )
     rng = random.Random(f"{table_id}:{version}")
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.thread_time()
     command = by_seat[seat](view, rng)
+    result.decision_cpu_s[labels[seat]].append(time.thread_time() - cpu_start)
     result.decision_s[labels[seat]].append(time.perf_counter() - start)
     if command not in view.legal or isinstance(command, c.Resign | c.Leave):
         raise IllegalMove(f"{labels[seat]} sent {command!r}, not a move of {view.legal!r}")
@@ -148,10 +154,10 @@ def _record(events: Sequence[AnyEvent], labels: tuple[str, str], result: MatchRe
             result.winner = labels[event.winner]
 
 
-def play_pair(task: tuple[tuple[str, str], int, int, int]) -> list[MatchResult]:
-    """Both matches of a pair (or only the first when the match count is odd)."""
+def play_pair(task: tuple[tuple[str, str], int, int, int], target: int = 100) -> list[MatchResult]:
+    """Both matches of a pair (or only the first when the match count is odd), to ``target``."""
     specs, seed, pair, count = task
-    options = TableOptions()
+    options = TableOptions(target=target)
     return [play_match(specs, a_seat, seed, pair, options) for a_seat in range(count)]
 
 
@@ -215,28 +221,42 @@ def summarize(specs: tuple[str, str], results: Sequence[MatchResult]) -> dict[st
         "decision_ms": {
             x: _timing_summary([s for r in results for s in r.decision_s[x]]) for x in LABELS
         },
+        # CPU time of the deciding thread: what a decision costs one core, whatever else the
+        # machine runs (the wall-clock figures above count the time other processes took)
+        "decision_cpu_ms": {
+            x: _timing_summary([s for r in results for s in r.decision_cpu_s[x]]) for x in LABELS
+        },
     }
 
 
 def run(
-    specs: tuple[str, str], matches: int, seed: int, workers: int, progress: bool = True
+    specs: tuple[str, str],
+    matches: int,
+    seed: int,
+    workers: int,
+    progress: bool = True,
+    target: int = 100,
 ) -> dict[str, Any]:
-    """Play ``matches`` matches in mirrored pairs on ``workers`` processes; the JSON result."""
+    """Play ``matches`` matches to ``target`` in mirrored pairs on ``workers`` processes; the
+    JSON result."""
     for spec in specs:
         load(spec)  # fail fast on a bad spec
     tasks = [(specs, seed, pair, min(2, matches - 2 * pair)) for pair in range((matches + 1) // 2)]
+    one_pair = functools.partial(play_pair, target=target)
     results: list[MatchResult] = []
     start = time.perf_counter()
     step = max(1, len(tasks) // 20)
     if workers <= 1:
-        results = _collect(map(play_pair, tasks), len(tasks), step, start, progress)
+        results = _collect(map(one_pair, tasks), len(tasks), step, start, progress)
     else:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
-            batches = pool.imap_unordered(play_pair, tasks, chunksize=1)
+            batches = pool.imap_unordered(one_pair, tasks, chunksize=1)
             results = _collect(batches, len(tasks), step, start, progress)
     results.sort(key=lambda r: r.pair)
     summary = summarize(specs, results)
-    summary.update(seed=seed, workers=workers, elapsed_s=round(time.perf_counter() - start, 1))
+    summary.update(
+        seed=seed, target=target, workers=workers, elapsed_s=round(time.perf_counter() - start, 1)
+    )
     return summary
 
 
@@ -266,10 +286,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--matches", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--target", type=int, default=100, help="points a match is played to")
     args = parser.parse_args(argv)
     if args.matches < 1:
         parser.error("--matches must be at least 1")
-    summary = run((args.a, args.b), args.matches, args.seed, max(1, args.workers))
+    if args.target < 1:
+        parser.error("--target must be at least 1")
+    summary = run(
+        (args.a, args.b), args.matches, args.seed, max(1, args.workers), True, args.target
+    )
     print(json.dumps(summary), flush=True)
 
 

@@ -16,10 +16,11 @@ this one"; a whole sampled hand can.
 
 from __future__ import annotations
 
+import math
 import random
 
 from services.bots.strategies.knowledge import STOCK_AT_DEAL, Knowledge
-from shared.engine.cards import cards_of
+from shared.engine.cards import POINTS, cards_of
 from shared.engine.melds import best_discard, deadwood_points
 
 TOOK = (1.6, 1.25)  # the neighbours of a card it took: rank mates and next ranks, ranks 2 away
@@ -30,6 +31,8 @@ DEVELOP_CAP = 3  # ... up to this many
 REDRAWS = 2  # draws of a hand it would have knocked with, before one is kept
 MELDED_HINT = 0.15  # the likelihood of a hand with which a card it declined or threw melds
 OVERSAMPLE = 3  # hands drawn per hand kept, when hints reweight them
+TOOK_HINT = True  # weigh hands by whether the cards it took from the pile meld in them
+REGRET_SCALE = 2.0  # deadwood points a player's last discard gives away, about (0: ignored)
 
 
 def _neighbours(card: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -74,7 +77,30 @@ def hint_likelihood(k: Knowledge, hand: int, hint: float = MELDED_HINT) -> float
     for card in cards_of((k.opp_passed | k.opp_discards) & ~k.opp_known):
         if melds_with(card, hand):
             likelihood *= hint
+    if TOOK_HINT:
+        for card in cards_of(k.opp_known):
+            if not melds_with(card, hand & ~(1 << card)):
+                likelihood *= hint
+    thrown = k.opp_last_discard
+    if thrown is not None and REGRET_SCALE > 0:
+        likelihood *= math.exp(-discard_regret(hand, thrown, k.opp_known) / REGRET_SCALE)
     return likelihood
+
+
+def discard_regret(hand: int, thrown: int, forbidden: int = 0) -> int:
+    """How much lower ``hand``'s deadwood would be had its owner kept ``thrown`` and thrown
+    another card instead (0: ``thrown`` was a best discard of the eleven)."""
+    kept = deadwood_points(hand)
+    whole = hand | 1 << thrown
+    whole_dead = deadwood_points(whole)
+    best = kept
+    for card in sorted(cards_of(hand & ~forbidden), key=POINTS.__getitem__, reverse=True):
+        if whole_dead - POINTS[card] >= best:
+            break  # throwing a card saves at most its value, and values only fall from here
+        dead = deadwood_points(whole & ~(1 << card))
+        if dead < best:
+            best = dead
+    return kept - best
 
 
 def opponent_weights(k: Knowledge) -> list[float]:
@@ -123,7 +149,7 @@ def sample_hands(
     extra = min(round(develop * k.opp_stock_draws), cap, len(pool) - hidden)
     inverse = [1.0 / weights[card] for card in pool]
     would_have_knocked = k.knock_limit if k.stock_count < STOCK_AT_DEAL - 1 else -1
-    hinted = (k.opp_passed | k.opp_discards) & ~k.opp_known
+    hinted = k.opp_passed | k.opp_discards | k.opp_known
     drawn = count * OVERSAMPLE if hinted and OVERSAMPLE > 1 else count
     hands = []
     for _ in range(drawn):

@@ -59,6 +59,13 @@ class Knowledge:
         return self.pile[-1] if self.pile else None
 
     @property
+    def opp_last_discard(self) -> int | None:
+        """The card the opponent threw at the end of its last turn, when it tops the pile."""
+        if self.pile and self.discarded_by and self.discarded_by[-1] == 1 - self.seat:
+            return self.pile[-1]
+        return None
+
+    @property
     def opp_stock_draws(self) -> int:
         """About how many cards the opponent has drawn unseen from the stock."""
         return (STOCK_AT_DEAL - self.stock_count) // 2
