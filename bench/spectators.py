@@ -33,6 +33,7 @@ from bench.table_load import (
     drop_prefix,
     emit,
     free_port,
+    gc_pauses,
     start_service,
     wait_ready,
 )
@@ -144,6 +145,8 @@ async def run(base: str, pid: int) -> dict[str, Any]:
                     if at is not None:
                         latencies += [(t - at) * 1000 for t in times]
         latencies.sort()
+        collected = await gc_pauses(session, base)
+        full = collected.get("2", (0.0, 0.0))
         return {
             "bench": "idle_spectators",
             "tables": TABLES,
@@ -164,6 +167,11 @@ async def run(base: str, pid: int) -> dict[str, Any]:
             if latencies
             else None,
             "move_to_watcher_max_ms": round(latencies[-1], 1) if latencies else None,
+            # Every full collection of the service since it started, and its mean pause.
+            "service_full_gcs": {
+                "count": full[0],
+                "mean_ms": round(full[1] * 1000 / full[0], 1) if full[0] else 0.0,
+            },
         }
 
 
