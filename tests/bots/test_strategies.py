@@ -257,10 +257,12 @@ def test_small_tournament_prints_one_consistent_json_line(
     assert result["matches"] == 4
     assert result["a_wins"] + result["b_wins"] == 4
     assert 0 <= result["ci95"][0] <= result["a_win_rate"] <= result["ci95"][1] <= 1
-    for field in ("points_per_hand", "gins", "undercuts", "decision_ms"):
+    for field in ("points_per_hand", "gins", "undercuts", "decision_ms", "decision_cpu_ms"):
         assert set(result[field]) == {"a", "b"}
     for label in ("a", "b"):
         assert set(result["decision_ms"][label]) >= {"p50", "p99"}
+        assert set(result["decision_cpu_ms"][label]) >= {"p50", "p99"}
+    assert result["target"] == 100
     assert isinstance(result["dead_hands"], int)
 
 
