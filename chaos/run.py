@@ -407,8 +407,40 @@ async def outbox_drained(db_url: str, within_s: float = 60.0) -> bool:
     return False
 
 
+def lost_moves(
+    acknowledged: list[tuple[str, str, int]],
+    known: set[tuple[str, str]],
+    logged: list[tuple[str, int, int]],
+) -> list[tuple[str, str, int]]:
+    """Commands answered 200 (table, command id, version) whose id the table does not know, or
+    whose version has no event in its log (table, seq, version).
+
+    >>> lost_moves([("t", "a", 3), ("t", "b", 4), ("t", "c", 5)], {("t", "a"), ("t", "c")},
+    ...            [("t", 1, 3), ("t", 2, 4)])
+    [('t', 'b', 4), ('t', 'c', 5)]
+    """
+    versions = {(table_id, version) for table_id, _, version in logged}
+    return [(t, c, v) for t, c, v in acknowledged if (t, c) not in known or (t, v) not in versions]
+
+
+def missed_events(
+    logged: list[tuple[str, int, int]], arrivals: list[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """Events of the tables' logs (table, seq, version) the subscriber never got.
+
+    >>> missed_events([("t", 1, 1), ("t", 2, 2), ("u", 1, 1)], [("t", 2), ("t", 2), ("u", 1)])
+    [('t', 1)]
+    """
+    received = set(arrivals)
+    return [(t, seq) for t, seq, _ in logged if (t, seq) not in received]
+
+
 def order_breaks(arrivals: list[tuple[str, int]]) -> int:
-    """Events first received after a later event of the same table."""
+    """Events first received after a later event of the same table (a redelivery is none).
+
+    >>> order_breaks([("t", 1), ("u", 1), ("t", 3), ("t", 2), ("t", 3), ("u", 2), ("t", 4)])
+    1
+    """
     seen: dict[str, set[int]] = {}
     highest: dict[str, int] = {}
     breaks = 0
@@ -424,6 +456,7 @@ def order_breaks(arrivals: list[tuple[str, int]]) -> int:
 
 
 def non_json_lines(paths: list[Path]) -> tuple[int, list[str]]:
+    """Lines that are not one JSON object, and the first few of them."""
     count, examples = 0, []
     for path in paths:
         for line in path.read_text(errors="replace").splitlines():
@@ -564,17 +597,10 @@ async def main() -> int:
             statuses = dict(await conn.fetch("SELECT table_id, status FROM gin_table.tables"))
         finally:
             await conn.close()
-        logged_versions = {(r["table_id"], r["version"]) for r in events}
+        logged = [(r["table_id"], r["seq"], r["version"]) for r in events]
         known = {(r["table_id"], r["command_id"]) for r in commands}
-        lost = [
-            (t, c, v)
-            for t, c, v in ledger.acknowledged
-            if (t, c) not in known or (t, v) not in logged_versions
-        ]
-        received = set(subscriber.arrivals)
-        missed = [
-            (r["table_id"], r["seq"]) for r in events if (r["table_id"], r["seq"]) not in received
-        ]
+        lost = lost_moves(ledger.acknowledged, known, logged)
+        missed = missed_events(logged, subscriber.arrivals)
         connection = await aio_pika.connect(rabbit.entry.url)
         async with connection:
             channel = await connection.channel()
