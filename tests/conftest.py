@@ -140,6 +140,9 @@ def settings(database_url: str, server_urls: tuple[str, str], run_id: str) -> It
         rate_tables=1_000_000,
         rate_sockets=1_000_000,
         rate_refusals=1_000_000,
+        # The test process is no service: nothing frozen after a full collection (the
+        # policy's own test turns it on).
+        gc_thaw_s=0.0,
     )
 
     async def cleanup() -> None:

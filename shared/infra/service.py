@@ -10,9 +10,10 @@ import gc
 import logging
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import asyncpg
 import msgspec
@@ -24,6 +25,7 @@ from prometheus_client import Histogram
 
 from shared.infra import amqp, db
 from shared.infra.auth import UnsafeTokenSettings, check_token_settings
+from shared.infra.consumer import transient
 from shared.infra.internals import UntestedVersion, check_versions
 from shared.infra.logs import configure
 from shared.infra.ops import REGISTRY, add_ops_routes
@@ -35,6 +37,7 @@ SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
 BROKER = web.AppKey("broker", AbstractRobustConnection)
 CleanupCtx = Callable[[web.Application], AsyncIterator[None]]
+T = TypeVar("T")
 
 
 async def migrate(settings: Settings, schema: str, migrations: Path) -> None:
@@ -47,19 +50,45 @@ def database(schema: str, migrations: Path) -> CleanupCtx:
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
-        await migrate(settings, schema, migrations)
-        app[POOL] = await db.create_pool(
-            settings.database_url,
-            schema,
-            settings.db_pool_size,
-            acquire_timeout_s=settings.db_acquire_timeout_s,
-            statement_timeout_s=settings.db_statement_timeout_s,
-            on_wait=pool_wait(app).observe,
+        await until_reachable("database", lambda: migrate(settings, schema, migrations))
+        app[POOL] = await until_reachable(
+            "database",
+            lambda: db.create_pool(
+                settings.database_url,
+                schema,
+                settings.db_pool_size,
+                acquire_timeout_s=settings.db_acquire_timeout_s,
+                statement_timeout_s=settings.db_statement_timeout_s,
+                on_wait=pool_wait(app).observe,
+            ),
         )
         yield
         await close_pool(app[POOL], settings.shutdown_grace_s)
 
     return ctx
+
+
+STARTUP_WAIT_S = 90.0  # under the pods' startupProbe (2 s x 60): then exit, and be restarted
+
+
+async def until_reachable(
+    what: str, attempt: Callable[[], Awaitable[T]], within_s: float | None = None
+) -> T:
+    """``attempt()``, tried again while it fails transiently (``consumer.transient``: the
+    server down, restarting or refusing connections) for ``within_s`` (``STARTUP_WAIT_S``):
+    a service started during an outage waits for it to end and starts then, instead of
+    exiting into a restart loop whose back-off outlasts the outage."""
+    deadline = time.monotonic() + (STARTUP_WAIT_S if within_s is None else within_s)
+    pause = 0.2
+    while True:
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not transient(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.warning(f"waiting_for_{what}", error=repr(exc), retry_in_s=pause)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 5.0)
 
 
 def pool_wait(app: web.Application) -> Histogram:
@@ -90,7 +119,7 @@ async def open_broker(
     """Connect (robustly), declare the service's part of the topology
     (``amqp.declare_topology``); a confirming channel and the exchanges it publishes to."""
     settings = app[SETTINGS]
-    app[BROKER] = await amqp.connect(settings.amqp_url)
+    app[BROKER] = await until_reachable("broker", lambda: amqp.connect(settings.amqp_url))
     channel = await app[BROKER].channel(publisher_confirms=True)
     exchanges = await amqp.declare_topology(channel, settings.prefix, service)
     return channel, exchanges

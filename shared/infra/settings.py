@@ -77,6 +77,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     timer_batch: int = 100  # due deadlines taken per transaction
     timer_retry_s: float = 600.0  # an expiry the table has not reported yet is sent again after
     shutdown_grace_s: float = 10.0
+    # What survives a full collection is frozen (the next scans only what is new); everything
+    # is thawed and collected once this often (0: nothing frozen after the start).
+    gc_thaw_s: float = 3600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:

@@ -1,13 +1,18 @@
-"""The collector's pauses are measured (``ops.gc_pauses``), and an app takes its hook away."""
+"""The collector's pauses are measured (``ops.gc_pauses``), an app takes its hook away, and
+what survives a full collection is frozen until the next thaw (``service.young_heap``)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
 from shared.infra.ops import REGISTRY, gc_pauses
+from shared.infra.service import SETTINGS, young_heap
+from shared.infra.settings import Settings
 
 
 async def test_every_full_collection_is_timed_and_the_hook_leaves_with_the_app() -> None:
@@ -28,3 +33,26 @@ async def test_every_full_collection_is_timed_and_the_hook_leaves_with_the_app()
     finally:
         await runner.cleanup()
     assert len(gc.callbacks) == hooks
+
+
+async def test_survivors_of_a_full_collection_are_frozen_and_all_thawed_on_schedule() -> None:
+    app = web.Application()
+    app[SETTINGS] = Settings(gc_thaw_s=3.0)
+    app.cleanup_ctx.append(young_heap)
+    gc.unfreeze()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        with capture_logs() as logs:
+            survivors = [[n] for n in range(5000)]  # tracked, and alive past a collection
+            gc.collect()
+            async with asyncio.timeout(5):  # frozen within the policy's next second
+                while gc.get_freeze_count() < len(survivors):
+                    await asyncio.sleep(0.1)
+            async with asyncio.timeout(10):  # then all thawed and collected, on schedule
+                while not any(e["event"] == "heap_thawed_and_collected" for e in logs):
+                    await asyncio.sleep(0.1)
+            assert survivors[-1] == [4999]
+    finally:
+        await runner.cleanup()
+        gc.unfreeze()

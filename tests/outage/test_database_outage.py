@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import aiohttp
@@ -30,6 +31,7 @@ from shared.infra import amqp
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.e2e.processes import Service
+from tests.infra.test_rate_limits import Proxy, through
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -289,3 +291,45 @@ async def test_postgresql_down_mid_match_answers_503_and_loses_nothing(
                 assert isinstance(json.loads(line), dict)
             except ValueError:
                 raise AssertionError(f"{name}.log line {number}: {line[:300]!r}") from None
+
+
+async def test_a_service_started_during_an_outage_waits_for_it_and_starts(
+    postgres: Postgres, settings: Settings, tmp_path: Path
+) -> None:
+    """A pod restarted while PostgreSQL or RabbitMQ is down waits for them (within its
+    startupProbe) instead of exiting into a restart loop whose back-off outlasts the outage."""
+    amqp_url = urlsplit(settings.amqp_url)
+    broker = Proxy(amqp_url.hostname or "127.0.0.1", amqp_url.port or 5672)
+    await broker.start()
+    await broker.cut()  # nothing listens on its port now
+    s = msgspec.structs.replace(
+        settings,
+        database_url=postgres.entry.url,
+        amqp_url=through(settings.amqp_url, broker.port),
+        prefix=f"{settings.prefix}pgwait.",
+        log_format="json",
+    )
+    await asyncio.to_thread(postgres.stop, signal.SIGINT)
+    chat = Service("services.chat", s, log_to=tmp_path / "chat.log", GIN_LOG_LEVEL="info")
+    try:
+        await asyncio.sleep(3.0)
+        assert chat.proc.poll() is None, "it exited instead of waiting"
+        await asyncio.to_thread(postgres.restart)
+        await asyncio.sleep(3.0)
+        assert chat.proc.poll() is None, "it exited instead of waiting for the broker"
+        await broker.start()
+        await chat.ready(within_s=30)
+    finally:
+        chat.stop()
+        if broker.server is not None:
+            await broker.cut()
+        connection = await aio_pika.connect(settings.amqp_url)
+        async with connection:
+            channel = await connection.channel()
+            await amqp.delete_topology(channel, s.prefix)
+            await channel.queue_delete(s.prefix + "gin.chat")
+    events = [
+        json.loads(line)["event"] for line in (tmp_path / "chat.log").read_text().splitlines()
+    ]
+    assert "waiting_for_database" in events
+    assert "waiting_for_broker" in events
