@@ -18,7 +18,8 @@ Then the report (one JSON object on stdout), every count of which must be 0:
 - ``non_json_log_lines``: lines of the services' output that are not one JSON object.
 
 Settings: ``CHAOS_PEOPLE_MATCHES`` (2 at once), ``CHAOS_BOT_MATCHES`` (3 at once),
-``CHAOS_GAP_S`` (8 s of play between faults), ``CHAOS_DIR`` (``.run/chaos``).
+``CHAOS_GAP_S`` (8 s of play between faults), ``CHAOS_DIR`` (``.run/chaos``),
+``CHAOS_SYNCHRONOUS_COMMIT`` (``on``, production's; ``off`` shows what the crash then loses).
 """
 
 from __future__ import annotations
@@ -73,14 +74,14 @@ class Stuck(Exception):
 class Postgres:
     """A throwaway PostgreSQL with production's durability (synchronous_commit on)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, synchronous_commit: str = "on") -> None:
         self.state_dir = state_dir
         self.owner = servers.owner_of(state_dir)
         self.entry = servers.start_postgres(
             state_dir, servers.load_state(state_dir), servers.Installer(), 120
         )
         conf = Path(self.entry.data_dir) / "postgresql.conf"
-        conf.write_text(conf.read_text() + "\nsynchronous_commit = on\n")
+        conf.write_text(conf.read_text() + f"\nsynchronous_commit = {synchronous_commit}\n")
         self.stop(signal.SIGINT)
         self.start()
 
@@ -488,7 +489,7 @@ async def main() -> int:
     began = time.monotonic()
     fleet = subscriber = None
     try:
-        postgres = Postgres(state_dir)
+        postgres = Postgres(state_dir, os.environ.get("CHAOS_SYNCHRONOUS_COMMIT", "on"))
         rabbit = Rabbit(state_dir)
         admin = postgres.entry.url
         conn = await asyncpg.connect(admin)
