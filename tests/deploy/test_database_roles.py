@@ -8,7 +8,8 @@ then runs as a process connected as its own role: each migrates its schema (the 
 ``migrate`` too), all reach ready and a match against TITO is played to the end with a chat
 message. Last, each role is refused every table of the other schemas (the chat cannot read
 ``gin_table.tables``, which holds hands and deck orders), a schema of its own making, tables in
-``public`` and the other roles.
+``public`` and the other roles. And the runbook's one-off SQL hands the schemas of a database
+made before (owned by ``gin``) to the roles.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import pytest
 
 from services.chat.consumer import CHAT_QUEUE
 from services.timers.consumer import TIMERS_QUEUE
-from shared.infra import amqp
+from shared.infra import amqp, db
 from shared.infra.auth import mint
+from shared.infra.outbox import SQL_DIR
 from shared.infra.settings import Settings, env_name
 from tests.deploy.test_prod_broker import play_against_tito, render_prod
 from tests.e2e.processes import ROOT, Service
@@ -214,3 +216,52 @@ async def test_each_service_uses_only_its_own_schema_as_its_own_role(
                 assert not await refused(url, f"SELECT 1 FROM {schema}.{name} LIMIT 1")
     assert not failures, failures
     assert await refused(urls["chat"], "SELECT * FROM gin_table.tables")  # hands, deck orders
+
+
+def handover_sql(service: str) -> str:
+    """The runbook's one-off statements for a database made before, for one service."""
+    text = (ROOT / "deploy" / "README.md").read_text()
+    section = text.split("hand each schema and what is in it to its role once", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    sql = block.split('-c "', 1)[1].rsplit('"', 1)[0]
+    return sql.replace("\\$", "$").replace("$s", service)
+
+
+async def test_the_runbook_hands_the_schemas_of_an_older_database_to_their_roles(
+    postgres: servers.PgState,
+) -> None:
+    superuser = await asyncpg.connect(postgres.url)
+    try:
+        if not await superuser.fetchval("SELECT 1 FROM pg_roles WHERE rolname = 'gin'"):
+            await superuser.execute("CREATE ROLE gin LOGIN")
+        await superuser.execute("CREATE DATABASE gin_before OWNER gin")
+    finally:
+        await superuser.close()
+    migrations = {s: ROOT / "services" / s / "migrations" for s in SCHEMAS}
+    for service, schema in SCHEMAS.items():  # as every release before this one: all as gin
+        await db.migrate_url(
+            with_user(postgres.url, "gin", "gin_before"), schema, SQL_DIR, migrations[service]
+        )
+    superuser = await asyncpg.connect(with_user(postgres.url, "postgres", "gin_before"))
+    try:
+        for service in SCHEMAS:
+            await superuser.execute(handover_sql(service))
+            await superuser.execute(handover_sql(service))  # twice: safe to run again
+        owners = await superuser.fetch(
+            "SELECT n.nspname AS schema, c.relname AS name, pg_get_userbyid(c.relowner) AS owner"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = ANY($1::text[])"
+            " UNION ALL SELECT nspname, '', pg_get_userbyid(nspowner) FROM pg_namespace"
+            " WHERE nspname = ANY($1::text[])",
+            list(SCHEMAS.values()),
+        )
+    finally:
+        await superuser.close()
+    assert len(owners) > 3 * 5
+    for row in owners:  # the schema, its tables, sequences and indexes: its role's
+        assert row["owner"] == row["schema"], dict(row)  # (the role is named as its schema)
+    for service, schema in SCHEMAS.items():  # each service migrates on as its role
+        url = with_user(postgres.url, f"gin_{service}", "gin_before")
+        assert await db.migrate_url(url, schema, SQL_DIR, migrations[service]) == []
+    chat = with_user(postgres.url, "gin_chat", "gin_before")
+    assert await refused(chat, "SELECT * FROM gin_table.tables")
