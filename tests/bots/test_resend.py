@@ -9,6 +9,7 @@ import random
 from collections.abc import AsyncIterator
 
 import aio_pika
+import asyncpg
 import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -21,6 +22,7 @@ from shared.contracts.names import bot_queue
 from shared.contracts.views import TableView
 from shared.infra.settings import Settings
 from tests.bots.test_worker import LEVEL, bot_table, persons_turn, purge, wait_for
+from tests.e2e.processes import ROOT
 from tests.table.conftest import Api, Clock, open_api
 
 RESEND_S = 1.0
@@ -168,3 +170,45 @@ async def drain(settings: Settings) -> list[aio_pika.abc.AbstractIncomingMessage
             await message.ack()
             taken.append(message)
     return taken
+
+
+async def test_a_match_playing_before_the_due_column_existed_is_looked_at_once(
+    table: Api, fast: Settings, clock: Clock
+) -> None:
+    """Migration 007: a bot's pending turn with no due time (written before 005) is sent again;
+    a table where the person is to act only has its due time cleared."""
+    waiting, _, version = await bots_turn(table)  # the bot is to act
+    await take_turn(fast, waiting)  # and its turn was lost
+    person, token = await bot_table(table)
+    if (await table.view(person, token))["hand"]["to_act"] == 1:
+        await take_turn(fast, person)
+        app = create_worker(fast, {LEVEL: STRATEGIES[LEVEL]})
+        async with TestClient(TestServer(app)):
+            await wait_for(table, person, token, persons_turn)
+    await drain(fast)
+    sql = (ROOT / "services/table/migrations/007_bot_turn_due_backfill.sql").read_text()
+    conn = await asyncpg.connect(fast.database_url, server_settings={"search_path": "gin_table"})
+    try:
+        await conn.execute(
+            "UPDATE tables SET bot_turn_due_at = NULL WHERE table_id = ANY($1)", [waiting, person]
+        )
+        await conn.execute(sql)
+        before = await resent_count(table)
+        async with asyncio.timeout(10):
+            while await conn.fetchval(
+                "SELECT count(*) FROM tables WHERE table_id = ANY($1) AND bot_turn_due_at <= now()",
+                [waiting, person],
+            ):
+                await asyncio.sleep(0.05)
+        due = dict(
+            await conn.fetch(
+                "SELECT table_id, bot_turn_due_at IS NOT NULL FROM tables WHERE table_id = ANY($1)",
+                [waiting, person],
+            )
+        )
+    finally:
+        await conn.close()
+    assert due == {waiting: True, person: False}  # resent (due again later), and cleared
+    assert await resent_count(table) == before + 1
+    turns = [msgspec.json.decode(m.body, type=BotTurn) for m in await drain(fast)]
+    assert [(t.table_id, t.version) for t in turns] == [(waiting, version)]
