@@ -53,6 +53,9 @@ FLOOD_THINK_S = float(os.environ.get("BENCH_FLOOD_THINK_S", "1.0"))
 # The flooder shares this machine's two cores with the service; in production it is elsewhere.
 # A niceness for it (0: none) tells its own CPU apart from what the service spends on it.
 FLOOD_NICE = int(os.environ.get("BENCH_FLOOD_NICE", "0"))
+# Pairs of flood rounds per connection count: a round's p99 moves some 30% from round to
+# round on this machine (a full collection, a burst), more than what is measured.
+FLOOD_ROUNDS = int(os.environ.get("BENCH_FLOOD_ROUNDS", "4"))
 # The flooder's keep-alive connections: one set of flood rounds for each count listed.
 FLOOD_CONNECTIONS = [int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "8,64").split(",")]
 WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
@@ -481,11 +484,16 @@ async def autovacuums(url: str) -> dict[str, int]:
     return {row["relname"]: row["n"] for row in rows}
 
 
-def measured_round(url: str, base: str, *args: Any) -> dict[str, Any]:
-    """One round of ``play(base, *args)``, its figures once published, and the tables that
-    autovacuum or autoanalyze went through meanwhile (a stall's usual suspect)."""
+def measured_round(url: str, base: str, pid: int, *args: Any) -> dict[str, Any]:
+    """One round of ``play(base, *args)``, its figures once published, the service's CPU
+    over it (``pid``: ms a second), and the tables that autovacuum or autoanalyze went
+    through meanwhile (a stall's usual suspect)."""
     before = asyncio.run(autovacuums(url))
+    cpu = cpu_seconds(pid).get(pid, ("service", 0.0))[1]
+    began = time.perf_counter()
     figures = asyncio.run(published(url, uvloop.run(play(base, *args))))
+    cpu = cpu_seconds(pid).get(pid, ("service", 0.0))[1] - cpu
+    figures["service_cpu_ms_per_s"] = round(cpu * 1000 / (time.perf_counter() - began), 1)
     after = asyncio.run(autovacuums(url))
     figures["autovacuumed"] = sorted(t for t, n in after.items() if n > before.get(t, 0))
     return figures
@@ -589,7 +597,7 @@ def main() -> None:
                     p50_ms=round(p50, 2),
                 )
             if "saturated" in PHASES:  # every player answers at once
-                figures = measured_round(url, base, 0.0)
+                figures = measured_round(url, base, proc.pid, 0.0)
                 saturated.append(figures["per_s"])
                 emit(round=n, **figures)
         if raw and saturated:
@@ -602,11 +610,11 @@ def main() -> None:
             )
         if "paced" in PHASES:  # people: a moment's thought before each move, right after
             before = cpu_seconds(proc.pid)
-            figures = measured_round(url, base, THINK_S)
+            figures = measured_round(url, base, proc.pid, THINK_S)
             cpu = cpu_per_move(before, cpu_seconds(proc.pid), figures["n"])
             emit(**figures, cpu_ms_per_move=cpu)
         if "flood" in PHASES:
-            flood_rounds(url, base)
+            flood_rounds(url, base, proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
@@ -614,7 +622,7 @@ def main() -> None:
         asyncio.run(drop_prefix(urls["GIN_AMQP_URL"], f"bench-{name}."))
 
 
-def flood_rounds(url: str, base: str) -> None:
+def flood_rounds(url: str, base: str, pid: int) -> None:
     """For each BENCH_FLOOD_CONNECTIONS count: paced play (BENCH_FLOOD_THINK_S) alone and
     with a non-seated identity offering BENCH_FLOOD_PER_S commands to one of its tables on that
     many connections, alternating ABBA (the machine's drift hits both); the ratio of the
@@ -622,15 +630,15 @@ def flood_rounds(url: str, base: str) -> None:
     for connections in FLOOD_CONNECTIONS:
         quiet: list[dict[str, Any]] = []
         flooded: list[dict[str, Any]] = []
-        for n in range(ROUNDS):
+        for n in range(FLOOD_ROUNDS):
             pair = [(0.0, quiet), (FLOOD_PER_S, flooded)]
             for rate, rounds in pair if n % 2 == 0 else pair[::-1]:  # ABBA: neither first
-                figures = measured_round(url, base, FLOOD_THINK_S, rate, connections)
+                figures = measured_round(url, base, pid, FLOOD_THINK_S, rate, connections)
                 rounds.append(figures)
                 emit(round=n, phase="flood" if rate else "quiet", **figures)
         emit(
             bench="flood_vs_quiet",
-            rounds=ROUNDS,
+            rounds=FLOOD_ROUNDS,
             flood_per_s=FLOOD_PER_S,
             flood_connections=connections,
             think_s=FLOOD_THINK_S,
@@ -638,6 +646,9 @@ def flood_rounds(url: str, base: str) -> None:
             flood_answered_per_s=[f["flood"]["per_s"] for f in flooded],
             **_ratio(quiet, flooded, "command_to_opponent_ws_p99_ms", "p99"),
             **_ratio(quiet, flooded, "p99_worst_window_ms", "worst_window_p99"),
+            # What the flood costs the service itself: its CPU in flooded and quiet rounds.
+            service_cpu_ms_per_s_quiet=[f["service_cpu_ms_per_s"] for f in quiet],
+            service_cpu_ms_per_s_flooded=[f["service_cpu_ms_per_s"] for f in flooded],
         )
 
 
