@@ -428,18 +428,23 @@ async def play(
         start = time.perf_counter()
         await asyncio.sleep(SECONDS)
         end = time.perf_counter()
+        moves = sum(m.moves for m in matches)  # the round's, not those while the flooder ends
         after = await gc_pauses(session, base)
         elapsed = end - start
         flood: dict[str, Any] = {}
         if flooder is not None:
             out, _ = await flooder.communicate()
             flood = json.loads(out)
-        moves = sum(m.moves for m in matches)
         await asyncio.gather(*(m.stop() for m in matches))
         await asyncio.wait_for(asyncio.gather(*seats), 30)
         for m in matches:
             m.close()
-    lat = sorted(x * 1000 for m in matches for x in m.latencies)
+    lat = sorted(
+        x * 1000
+        for m in matches
+        for x, at in zip(m.latencies, m.completed_at, strict=True)
+        if at < end
+    )
     windows = windows_p99(matches, start, end)
     return {
         "bench": "table_moves",
