@@ -226,6 +226,44 @@ def add_health(app: web.Application, database: bool = True) -> None:
         checks = {"postgresql": postgresql, **checks}
         app.on_cleanup.append(close_probe)
     add_ops_routes(app, checks)
+    app.cleanup_ctx.append(young_heap)
+
+
+async def young_heap(app: web.Application) -> AsyncIterator[None]:
+    """Keep the collector's work to what is new (``GIN_GC_THAW_S``; 0: off).
+
+    A full collection scans every object the process holds: with 15,000 sockets open that
+    paused the service for about a second, many times while they opened. So right after each
+    full collection the survivors are frozen (``gc.freeze``): the next one scans only what
+    came since. A frozen object is never collected as part of a cycle, so once every
+    ``GIN_GC_THAW_S`` everything is thawed and collected in one full pause (its length is in
+    ``gin_gc_pause_seconds``), which reclaims the cycles that died frozen (some 25 objects
+    for each closed socket) and bounds what they hold."""
+    thaw_s = app[SETTINGS].gc_thaw_s
+    if thaw_s <= 0:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+
+    def after_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            loop.call_soon_threadsafe(gc.freeze)  # not inside the collector's own callback
+
+    gc.callbacks.append(after_collection)
+    task = asyncio.create_task(_thaw_every(thaw_s), name="heap-thaw")
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(after_collection)
+        await cancel(task)
+
+
+async def _thaw_every(thaw_s: float) -> None:
+    while True:
+        await asyncio.sleep(thaw_s)
+        gc.unfreeze()
+        gc.collect()  # frozen again by the callback once it is done
+        log.info("heap_thawed_and_collected", next_in_s=thaw_s)
 
 
 def main(
