@@ -1,21 +1,23 @@
 """``python -m bench``: every benchmark, one JSON object per line.
 
-``python -m bench engine``, ``python -m bench table`` or ``python -m bench bots`` runs one
-group. The bots group (whole tournaments, minutes long) runs by default only when
+``python -m bench engine``, ``python -m bench table``, ``python -m bench spectators`` or
+``python -m bench bots`` runs one group. The bots group (whole tournaments, minutes long) runs by default only when
 ``BENCH_BOTS_MATCHES`` is set, and after the table group, so it never shares its timing.
 """
 
 import os
 import sys
 
-from bench import bots, engine, table_load
+from bench import bots, engine, spectators, table_load
 
-groups = sys.argv[1:] or ["engine", "table"] + (
+groups = sys.argv[1:] or ["engine", "table", "spectators"] + (
     ["bots"] if os.environ.get("BENCH_BOTS_MATCHES") else []
 )
 if "engine" in groups:
     engine.main()
 if "table" in groups:
     table_load.main()
+if "spectators" in groups:
+    spectators.main()
 if "bots" in groups:
     bots.main()
