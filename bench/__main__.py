@@ -1,8 +1,9 @@
 """``python -m bench``: every benchmark, one JSON object per line.
 
 ``python -m bench engine``, ``python -m bench table``, ``python -m bench spectators`` or
-``python -m bench bots`` runs one group. The bots group (whole tournaments, minutes long) runs by default only when
-``BENCH_BOTS_MATCHES`` is set, and after the table group, so it never shares its timing.
+``python -m bench bots`` runs one group. The bots group (whole tournaments, minutes long)
+runs by default only when ``BENCH_BOTS_MATCHES`` is set, and after the others, so it never
+shares their timing.
 """
 
 import os
