@@ -1,7 +1,9 @@
 """LUNA (hard): reads the table, guesses the opponent's hand and plays for the match.
 
 Every decision starts from what the seat has seen (``knowledge``) and a weighting of the
-unseen cards by what the opponent took, threw and declined (``inference``). Draws compare the
+unseen cards by what the opponent took, threw and declined, and sampled opponent hands weighed
+whole by the same evidence: a declined or thrown card rarely melds with the hand, a taken one
+does, and the last discard rarely gave much deadwood away (``inference``). Draws compare the
 hand's outlook after taking the pile top with its expected outlook after a stock draw
 (``outlook``). Discards weigh deadwood (more when the opponent looks close to knocking), the
 chance the next draw helps, and what the card would give the opponent's sampled hands. A
