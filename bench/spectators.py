@@ -16,11 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +27,11 @@ import aiohttp
 from bench.table_load import (
     ROOT,
     SECRET,
-    database,
-    drop_prefix,
     emit,
-    free_port,
     gc_pauses,
-    start_service,
-    wait_ready,
+    table_service,
 )
 from shared.infra.auth import mint
-
-sys.path.insert(0, str(ROOT / "scripts"))
-import servers
 
 TABLES = int(os.environ.get("BENCH_WATCH_TABLES", "150"))
 SOCKETS = int(os.environ.get("BENCH_WATCH_SOCKETS", "15000"))
@@ -177,32 +168,8 @@ async def run(base: str, pid: int) -> dict[str, Any]:
 
 def main() -> None:
     """Start the service, measure, clean up."""
-    urls = servers.ensure(ROOT / ".run" / "servers")
-    name = f"gin_bench_{uuid.uuid4().hex[:8]}"
-    admin = urls["GIN_DATABASE_URL"]
-    url = admin.rpartition("/")[0] + "/" + name
-    asyncio.run(database(admin, name, True))
-    port = free_port()
-    env = dict(
-        os.environ,
-        GIN_DATABASE_URL=url,
-        GIN_AMQP_URL=urls["GIN_AMQP_URL"],
-        GIN_PREFIX=f"bench-{name}.",
-        GIN_HTTP_PORT=str(port),
-        GIN_AUTH_SECRET=SECRET,
-        GIN_LOG_LEVEL="info",  # as production runs it: JSON lines to a file
-        GIN_LOG_FORMAT="json",
-    )
-    proc = start_service(env, name)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_ready(base, proc))
-        emit(**asyncio.run(run(base, proc.pid)))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-        asyncio.run(database(admin, name, False))
-        asyncio.run(drop_prefix(urls["GIN_AMQP_URL"], f"bench-{name}."))
+    with table_service() as service:
+        emit(**asyncio.run(run(service.base, service.proc.pid)))
 
 
 if __name__ == "__main__":

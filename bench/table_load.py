@@ -15,6 +15,7 @@ them (autovacuum runs when it runs), and each reports its worst 5 s window besid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -565,8 +567,19 @@ async def database(admin: str, name: str, create: bool) -> None:
         await conn.close()
 
 
-def main() -> None:
-    """Start the service, measure the raw rate and the service side by side, clean up."""
+class Service(msgspec.Struct):
+    """The table service a benchmark runs against: its URL, database URL and process."""
+
+    base: str
+    url: str
+    proc: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def table_service(**settings: str) -> Iterator[Service]:
+    """The real table service as a process on a database and broker prefix of its own, run
+    as production runs it (JSON lines at info, to .run/bench/); ready on entry, stopped and
+    its database and broker objects removed on exit. ``settings``: more GIN_* variables."""
     urls = servers.ensure(ROOT / ".run" / "servers")
     name = f"gin_bench_{uuid.uuid4().hex[:8]}"
     admin = urls["GIN_DATABASE_URL"]
@@ -580,51 +593,62 @@ def main() -> None:
         GIN_PREFIX=f"bench-{name}.",
         GIN_HTTP_PORT=str(port),
         GIN_AUTH_SECRET=SECRET,
-        GIN_LOG_LEVEL="info",  # as production runs it: JSON lines to a file
+        GIN_LOG_LEVEL="info",
         GIN_LOG_FORMAT="json",
-        GIN_DB_POOL_SIZE=str(POOL_SIZE),
+        **settings,
     )
     proc = start_service(env, name)
     base = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(wait_ready(base, proc))
-        raw: list[float] = []
-        saturated: list[float] = []
-        for n in range(ROUNDS):  # side by side, alternating: the machine's drift hits both
-            if "raw" in PHASES:
-                rate, p50 = asyncio.run(raw_move_rate(url, 10.0, POOL_SIZE))
-                raw.append(rate)
-                emit(
-                    bench="raw_pg_move_tx",
-                    round=n,
-                    connections=POOL_SIZE,
-                    per_s=round(rate, 1),
-                    p50_ms=round(p50, 2),
-                )
-            if "saturated" in PHASES:  # every player answers at once
-                figures = measured_round(url, base, proc.pid, 0.0)
-                saturated.append(figures["per_s"])
-                emit(round=n, **figures)
-        if raw and saturated:
-            emit(
-                bench="table_vs_raw",
-                rounds=ROUNDS,
-                raw_median_per_s=round(statistics.median(raw), 1),
-                table_median_per_s=round(statistics.median(saturated), 1),
-                ratio=round(statistics.median(saturated) / statistics.median(raw), 3),
-            )
-        if "paced" in PHASES:  # people: a moment's thought before each move, right after
-            before = cpu_seconds(proc.pid)
-            figures = measured_round(url, base, proc.pid, THINK_S)
-            cpu = cpu_per_move(before, cpu_seconds(proc.pid), figures["n"])
-            emit(**figures, cpu_ms_per_move=cpu)
-        if "flood" in PHASES:
-            flood_rounds(url, base, proc.pid)
+        yield Service(base=base, url=url, proc=proc)
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        proc.wait(timeout=60)
         asyncio.run(database(admin, name, False))
         asyncio.run(drop_prefix(urls["GIN_AMQP_URL"], f"bench-{name}."))
+
+
+def main() -> None:
+    """Start the service, measure the raw rate and the service side by side, clean up."""
+    with table_service(GIN_DB_POOL_SIZE=str(POOL_SIZE)) as service:
+        measure(service.base, service.url, service.proc)
+
+
+def measure(base: str, url: str, proc: subprocess.Popen[bytes]) -> None:
+    """Every phase of BENCH_PHASES against the running service."""
+    raw: list[float] = []
+    saturated: list[float] = []
+    for n in range(ROUNDS):  # side by side, alternating: the machine's drift hits both
+        if "raw" in PHASES:
+            rate, p50 = asyncio.run(raw_move_rate(url, 10.0, POOL_SIZE))
+            raw.append(rate)
+            emit(
+                bench="raw_pg_move_tx",
+                round=n,
+                connections=POOL_SIZE,
+                per_s=round(rate, 1),
+                p50_ms=round(p50, 2),
+            )
+        if "saturated" in PHASES:  # every player answers at once
+            figures = measured_round(url, base, proc.pid, 0.0)
+            saturated.append(figures["per_s"])
+            emit(round=n, **figures)
+    if raw and saturated:
+        emit(
+            bench="table_vs_raw",
+            rounds=ROUNDS,
+            raw_median_per_s=round(statistics.median(raw), 1),
+            table_median_per_s=round(statistics.median(saturated), 1),
+            ratio=round(statistics.median(saturated) / statistics.median(raw), 3),
+        )
+    if "paced" in PHASES:  # people: a moment's thought before each move, right after
+        before = cpu_seconds(proc.pid)
+        figures = measured_round(url, base, proc.pid, THINK_S)
+        cpu = cpu_per_move(before, cpu_seconds(proc.pid), figures["n"])
+        emit(**figures, cpu_ms_per_move=cpu)
+    if "flood" in PHASES:
+        flood_rounds(url, base, proc.pid)
 
 
 def flood_rounds(url: str, base: str, pid: int) -> None:
