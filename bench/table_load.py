@@ -104,24 +104,36 @@ def cpu_per_move(
     return {k: round(v * 1000 / max(moves, 1), 3) for k, v in parts.items()}
 
 
+LAG_EDGES = ("0.025", "0.05", "0.1")  # loop lags counted past each, seconds
+
+
 async def gc_pauses(session: aiohttp.ClientSession, base: str) -> dict[str, tuple[float, float]]:
-    """The service's collector pauses so far, by generation: (count, seconds)."""
+    """The service's collector pauses so far, by generation: (count, seconds); and under
+    "lag>E" its event loop's lags past E seconds so far: (count, 0)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with session.get(f"{base}/metrics") as r:
         text = await r.text()
-    found: dict[str, list[float]] = {}
+    found: dict[str, tuple[float, float]] = {}
+    lags: dict[str, float] = {}
+    total = 0.0
     for family in text_string_to_metric_families(text):
-        if family.name != "gin_gc_pause_seconds":
-            continue
         for sample in family.samples:
-            generation = sample.labels.get("generation", "")
-            kept = found.setdefault(generation, [0.0, 0.0])
-            if sample.name.endswith("_count"):
-                kept[0] = sample.value
-            elif sample.name.endswith("_sum"):
-                kept[1] = sample.value
-    return {g: (c, s) for g, (c, s) in found.items()}
+            if family.name == "gin_gc_pause_seconds":
+                generation = sample.labels.get("generation", "")
+                count, seconds = found.get(generation, (0.0, 0.0))
+                if sample.name.endswith("_count"):
+                    count = sample.value
+                elif sample.name.endswith("_sum"):
+                    seconds = sample.value
+                found[generation] = (count, seconds)
+            elif family.name == "gin_event_loop_lag_seconds":
+                if sample.name.endswith("_count"):
+                    total = sample.value
+                elif sample.name.endswith("_bucket") and sample.labels.get("le") in LAG_EDGES:
+                    lags[sample.labels["le"]] = sample.value
+    found.update({f"lag>{edge}": (total - within, 0.0) for edge, within in lags.items()})
+    return found
 
 
 def emit(**fields: Any) -> None:
@@ -460,6 +472,11 @@ async def play(
         "p99_by_window_ms": windows,
         # The service's full collections in the round: how many, and their mean pause.
         "service_full_gcs": _gc_delta(collected, after, "2"),
+        # Timers of the service's loop that ran late past each edge (ms) in the round.
+        "service_loop_lags_over_ms": {
+            str(int(float(e) * 1000)): _gc_delta(collected, after, f"lag>{e}")["count"]
+            for e in LAG_EDGES
+        },
         "refused": sum(m.errors for m in matches),
         "n": moves,
         "moves_per_match_min_median_max": [

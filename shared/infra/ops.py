@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -72,6 +72,34 @@ def instrument(app: web.Application) -> None:
     GCCollector(registry=registry)
     app.middlewares.insert(0, route_metrics(registry))
     gc_pauses(app)
+    app.cleanup_ctx.append(loop_lag)
+
+
+LAG_TICK_S = 0.05  # how often the loop's lag is sampled
+
+
+async def loop_lag(app: web.Application) -> AsyncIterator[None]:
+    """How late the event loop runs a timer: every request, socket and message of the
+    process waits that long behind whatever holds the loop (a collection, a long pass)."""
+    lag = Histogram(
+        "gin_event_loop_lag_seconds",
+        f"How late a {LAG_TICK_S} s timer of the event loop ran",
+        registry=app[REGISTRY],
+        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+    )
+
+    async def sample() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LAG_TICK_S
+            await asyncio.sleep(LAG_TICK_S)
+            lag.observe(max(0.0, loop.time() - due))
+
+    task = asyncio.create_task(sample(), name="loop-lag")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def gc_pauses(app: web.Application) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from shared.infra.ops import REGISTRY, gc_pauses
+from shared.infra.ops import REGISTRY, gc_pauses, loop_lag
 from shared.infra.service import SETTINGS, young_heap
 from shared.infra.settings import Settings
 
@@ -56,3 +57,23 @@ async def test_survivors_of_a_full_collection_are_frozen_and_all_thawed_on_sched
     finally:
         await runner.cleanup()
         gc.unfreeze()
+
+
+async def test_a_loop_held_by_a_long_pass_shows_in_the_loop_lag() -> None:
+    app = web.Application()
+    registry = CollectorRegistry()
+    app[REGISTRY] = registry
+    app.cleanup_ctx.append(loop_lag)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        await asyncio.sleep(0.2)  # the sampler is running
+        time.sleep(0.3)  # noqa: ASYNC251 (the point: the loop held, as a long pass would)
+        await asyncio.sleep(0.2)
+        count = registry.get_sample_value("gin_event_loop_lag_seconds_count")
+        within = registry.get_sample_value("gin_event_loop_lag_seconds_bucket", {"le": "0.1"})
+        assert count is not None
+        assert within is not None
+        assert count - within >= 1  # one timer ran more than 0.1 s late
+    finally:
+        await runner.cleanup()
