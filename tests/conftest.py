@@ -9,15 +9,18 @@ and its own exchange and queue prefix, so runs never collide.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import asyncpg
+import msgspec
 import pytest
 
 from shared.infra import amqp
@@ -151,3 +154,37 @@ def settings(database_url: str, server_urls: tuple[str, str], run_id: str) -> It
             await amqp.delete_topology(await connection.channel(), prefix)
 
     asyncio.run(cleanup())
+
+
+@contextlib.contextmanager
+def settings_of_their_own(settings: Settings, suffix: str, **changes: Any) -> Iterator[Settings]:
+    """The run's settings with a database and a broker prefix of their own (``suffix``), for
+    services that live for a whole session: on the run's database their relay would publish
+    the other tests' outbox rows and their consumer take the others' commands. The database
+    is made first and dropped, with the prefix's broker objects, at the end."""
+    base, _, name = settings.database_url.rpartition("/")
+    own = msgspec.structs.replace(
+        settings,
+        database_url=f"{base}/{name}_{suffix}",
+        prefix=f"{settings.prefix}{suffix}.",
+        **changes,
+    )
+
+    async def run(sql: str) -> None:
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    async def cleanup() -> None:
+        await run(f'DROP DATABASE IF EXISTS "{name}_{suffix}" WITH (FORCE)')
+        connection = await aio_pika.connect(own.amqp_url)
+        async with connection:
+            await amqp.delete_topology(await connection.channel(), own.prefix)
+
+    asyncio.run(run(f'CREATE DATABASE "{name}_{suffix}"'))
+    try:
+        yield own
+    finally:
+        asyncio.run(cleanup())

@@ -18,16 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aio_pika
-import asyncpg
 import hypothesis
-import msgspec
 import pytest
 import requests
 
-from shared.infra import amqp
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
+from tests.conftest import settings_of_their_own
 from tests.e2e.processes import Service
 
 # How many requests and frames each part of the suite sent (printed at the end of the run).
@@ -98,28 +95,8 @@ def fuzz_settings(settings: Settings) -> Iterator[Settings]:
     """The run's settings with a database and a broker prefix of the fuzz's own: its services
     outlive its tests, and a table service on the run's database would relay the other tests'
     outbox rows to its own exchanges, and consume their expire commands with its own clock."""
-    base, _, name = settings.database_url.rpartition("/")
-    own = msgspec.structs.replace(
-        settings, database_url=f"{base}/{name}_fuzz", prefix=f"{settings.prefix}fuzz."
-    )
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(settings.database_url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f'CREATE DATABASE "{name}_fuzz"'))
-    yield own
-
-    async def cleanup() -> None:
-        await run(f'DROP DATABASE IF EXISTS "{name}_fuzz" WITH (FORCE)')
-        connection = await aio_pika.connect(own.amqp_url)
-        async with connection:
-            await amqp.delete_topology(await connection.channel(), own.prefix)
-
-    asyncio.run(cleanup())
+    with settings_of_their_own(settings, "fuzz") as own:
+        yield own
 
 
 @pytest.fixture(scope="session")

@@ -21,14 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aio_pika
-import asyncpg
-import msgspec
 import pytest
 import requests
 
-from shared.infra import amqp
 from shared.infra.settings import Settings
+from tests.conftest import settings_of_their_own
 from tests.e2e.processes import ROOT, Service, free_port
 
 CHROMIUM = os.environ.get("GIN_CHROMIUM", "/usr/bin/chromium")
@@ -101,35 +98,16 @@ def web_settings(settings: Settings) -> Iterator[Settings]:
     live for the whole session: on the run's database their relay would publish the other
     tests' outbox rows), the table service on a port chosen first so that invitation links
     and the chat's development CORS name it."""
-    base, _, name = settings.database_url.rpartition("/")
     port = free_port()
-    own = msgspec.structs.replace(
+    with settings_of_their_own(
         settings,
-        database_url=f"{base}/{name}_web",
-        prefix=f"{settings.prefix}web.",
+        "web",
         http_port=port,
         public_url=f"http://127.0.0.1:{port}",
         absence_after_s=ABSENCE_S,
         bot_think_s=0.05,
-    )
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(settings.database_url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f'CREATE DATABASE "{name}_web"'))
-    yield own
-
-    async def cleanup() -> None:
-        await run(f'DROP DATABASE IF EXISTS "{name}_web" WITH (FORCE)')
-        connection = await aio_pika.connect(own.amqp_url)
-        async with connection:
-            await amqp.delete_topology(await connection.channel(), own.prefix)
-
-    asyncio.run(cleanup())
+    ) as own:
+        yield own
 
 
 @pytest.fixture(scope="session")
