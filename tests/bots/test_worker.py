@@ -16,6 +16,7 @@ from services.bots.strategies import STRATEGIES
 from shared.contracts.api import BotTurn
 from shared.contracts.names import DEAD_LETTER, bot_queue
 from shared.infra.settings import Settings
+from tests.moves import sobra_move
 from tests.table.conftest import Api
 
 LEVEL = "carmen"  # a queue no other test seats a bot on
@@ -73,17 +74,7 @@ async def test_a_bot_plays_a_whole_match_against_a_scripted_player(
         if view["status"] != "playing":
             break
         # The scripted person: pass the upcard, draw from the stock, discard the SOBRA's pick.
-        legal = view["legal"]
-        hint = view["hand"]["my_arrangement"].get("discard")
-        knocks = [m for m in legal if m["type"] in ("knock", "big_gin")]
-        if knocks:
-            move = knocks[0]
-        elif hint:
-            move = {"type": "discard", "card": hint}
-        else:
-            move = next(m for m in legal if m["type"] in ("pass_upcard", "draw"))
-            if move["type"] == "draw":
-                move = {"type": "draw", "source": "stock"}
+        move = sobra_move(view)
         status, body = await api.command(table_id, token, **move)
         assert status == 200, body
         moves += 1

@@ -36,6 +36,7 @@ from aiormq.exceptions import ChannelAccessRefused
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.e2e.processes import Service
+from tests.moves import sobra_move
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -209,17 +210,7 @@ async def play_against_tito(session: aiohttp.ClientSession, table: str, token: s
             if view["hand"]["to_act"] != 0:
                 await asyncio.sleep(0.05)  # the bot's turn
                 continue
-            legal = view["legal"]
-            hint = view["hand"]["my_arrangement"].get("discard")
-            knocks = [m for m in legal if m["type"] in ("knock", "big_gin")]
-            if knocks:
-                move = knocks[0]
-            elif hint:
-                move = {"type": "discard", "card": hint}
-            else:
-                move = next(m for m in legal if m["type"] in ("pass_upcard", "draw", "discard"))
-                if move["type"] == "draw":
-                    move = {"type": "draw", "source": "stock"}
+            move = sobra_move(view)
             body = {**move, "command_id": f"p-{uuid.uuid4().hex[:12]}"}
             async with session.post(
                 f"{table}/v1/tables/{table_id}/commands", json=body, headers=auth

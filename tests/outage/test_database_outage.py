@@ -32,6 +32,7 @@ from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.e2e.processes import Service
 from tests.infra.test_rate_limits import Proxy, through
+from tests.moves import sobra_move
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -136,17 +137,7 @@ class Person:
             await asyncio.sleep(0.05)
         if view["status"] != "playing":
             return view
-        legal = view["legal"]
-        hint = view["hand"]["my_arrangement"].get("discard")
-        knocks = [m for m in legal if m["type"] in ("knock", "big_gin")]
-        if knocks:
-            move = knocks[0]
-        elif hint:
-            move = {"type": "discard", "card": hint}
-        else:
-            move = next(m for m in legal if m["type"] in ("pass_upcard", "draw"))
-            if move["type"] == "draw":
-                move = {"type": "draw", "source": "stock"}
+        move = sobra_move(view)
         command_id = f"p-{uuid.uuid4().hex[:12]}"
         status, body = await self.call(
             "POST", f"/v1/tables/{table_id}/commands", {**move, "command_id": command_id}
