@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import hashlib
 import math
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
@@ -102,7 +103,9 @@ class RateLimited(Exception):
 
 class Holds:
     """Refusals held back. Each identity's refusals are answered one per ``interval_s``; one
-    whose turn is more than ``max_s`` away is answered after ``max_s``. At most ``max_held``
+    whose turn is more than ``max_s`` away is answered after between half ``max_s`` and
+    ``max_s``, at random (so a flood that arrived at once is not answered at once, and sent
+    again at once, in lockstep every ``max_s``). At most ``max_held``
     are held at once, ``max_held_per_identity`` of one identity; past those a refusal is
     answered at once. ``release`` (at shutdown) answers them all."""
 
@@ -113,6 +116,7 @@ class Holds:
         max_held: int,
         max_held_per_identity: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        uniform: Callable[[float, float], float] = random.uniform,
     ) -> None:
         per_identity = max_held // 4 if max_held_per_identity is None else max_held_per_identity
         if min(interval_s, max_s, max_held, per_identity) < 0:
@@ -122,6 +126,7 @@ class Holds:
         self.max_held = max_held
         self.max_held_per_identity = per_identity
         self.clock = clock
+        self.uniform = uniform
         self.held = 0
         self._held_by: dict[str, int] = {}
         self._next: dict[str, float] = {}  # when each identity's next refusal may be answered
@@ -134,8 +139,8 @@ class Holds:
             return False
         now = self.clock()
         at = max(now, self._next.get(key, now))
-        if at - now > self.max_s:  # past the schedule's reach: held as long as any
-            wait = self.max_s
+        if at - now > self.max_s:  # past the schedule's reach: held about as long as any
+            wait = self.uniform(self.max_s / 2, self.max_s)
         else:
             wait = at - now
             if wait <= 0 or self._has_room(key):

@@ -493,3 +493,21 @@ async def test_a_client_that_asks_again_at_once_is_answered_no_faster_than_the_h
     assert time.perf_counter() - began >= 4 * 0.05 * 0.95  # the first is answered at once
     assert registry.get_sample_value("gin_rate_limited_held_total", {"action": "commands"}) == 5
     await limiter.admit("commands", "someone-else")  # under its own limit: never held
+
+
+async def test_refusals_past_the_schedule_are_held_a_random_while_not_in_lockstep() -> None:
+    """A flood that arrived at once would be answered at once every ``max_s``, and send its
+    next at once: past the schedule each is held between half ``max_s`` and ``max_s``."""
+    asked: list[tuple[float, float]] = []
+
+    def uniform(low: float, high: float) -> float:
+        asked.append((low, high))
+        return low + (high - low) * len(asked) / 4
+
+    holds = Holds(30.0, 0.2, 100, clock=Clock(), uniform=uniform)
+    assert await holds.hold("flooder") is True  # its first: at once, the next due in 30 s
+    waits = [asyncio.create_task(holds.hold("flooder")) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert asked == [(0.1, 0.2)] * 3
+    assert holds.held == 3
+    assert await asyncio.gather(*waits) == [True] * 3  # held 0.125, 0.15 and 0.175 s
