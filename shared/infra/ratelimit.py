@@ -15,8 +15,8 @@ one per ``Holds.interval_s``, each held at most ``max_s``. A client that ignores
 and asks again as soon as it is answered is so slowed to a few requests a second on each of
 its connections, and what it costs the replica falls with it (a held request costs a socket
 and a timer, no CPU): one that opens C connections is answered about 1 / interval_s + C /
-(0.75 max_s) times a second. Holding is bounded, over all identities and per identity; past those
-bounds a refusal is answered at once, as before holding.
+(0.75 max_s) times a second. Holding is bounded, over all identities and per identity; past
+those bounds a refusal is answered at once, as before holding.
 
 How far past its limit a window can go: a count reaches the table at its replica's next
 sync and another replica at that replica's next sync, so a replica may not know what the
