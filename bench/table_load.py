@@ -471,10 +471,10 @@ async def play(
         "p99_worst_window_ms": max(windows, default=None),
         "p99_by_window_ms": windows,
         # The service's full collections in the round: how many, and their mean pause.
-        "service_full_gcs": _gc_delta(collected, after, "2"),
+        "service_full_gcs": _delta(collected, after, "2"),
         # Timers of the service's loop that ran late past each edge (ms) in the round.
         "service_loop_lags_over_ms": {
-            str(int(float(e) * 1000)): _gc_delta(collected, after, f"lag>{e}")["count"]
+            str(int(float(e) * 1000)): _delta(collected, after, f"lag>{e}")["count"]
             for e in LAG_EDGES
         },
         "refused": sum(m.errors for m in matches),
@@ -487,7 +487,7 @@ async def play(
     }
 
 
-def _gc_delta(
+def _delta(
     before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], gen: str
 ) -> dict[str, float]:
     count = after.get(gen, (0.0, 0.0))[0] - before.get(gen, (0.0, 0.0))[0]

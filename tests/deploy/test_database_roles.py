@@ -36,7 +36,7 @@ from shared.infra.auth import mint
 from shared.infra.outbox import SQL_DIR
 from shared.infra.settings import Settings, env_name
 from tests.deploy.test_prod_broker import play_against_tito, render_prod
-from tests.e2e.processes import ROOT, Service
+from tests.e2e.processes import ROOT, Service, all_ready
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import servers
@@ -153,11 +153,7 @@ async def test_each_service_uses_only_its_own_schema_as_its_own_role(
         for name in SERVICES
     }
     try:
-        for name, service in services.items():
-            try:
-                await service.ready(within_s=90)
-            except (RuntimeError, TimeoutError) as exc:
-                raise AssertionError(f"{name}: {exc}\n{logs[name].read_text()[-3000:]}") from exc
+        await all_ready(services, logs, within_s=90)
         table, chat = services["table"].base, services["chat"].base
         async with aiohttp.ClientSession() as session:
             token = mint(s.auth_secret, f"ana-{uuid.uuid4().hex}", "Ana")

@@ -35,7 +35,7 @@ from aiormq.exceptions import ChannelAccessRefused
 
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
-from tests.e2e.processes import Service
+from tests.e2e.processes import Service, all_ready
 from tests.moves import sobra_move
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -354,11 +354,7 @@ async def test_every_service_plays_as_its_own_user_and_is_refused_the_rest(
         for name in SERVICES
     }
     try:
-        for name, service in services.items():
-            try:
-                await service.ready(within_s=90)
-            except (RuntimeError, TimeoutError) as exc:
-                raise AssertionError(f"{name}: {exc}\n{logs[name].read_text()[-3000:]}") from exc
+        await all_ready(services, logs, within_s=90)
         table, chat = services["table"].base, services["chat"].base
         async with aiohttp.ClientSession() as session:
             token = mint(s.auth_secret, f"ana-{uuid.uuid4().hex}", "Ana")

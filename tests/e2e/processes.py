@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +17,22 @@ import aiohttp
 from shared.infra.settings import Settings, env_name
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@contextlib.contextmanager
+def output_to(path: Path) -> Iterator[None]:
+    """A child started inside writes its stdout and stderr to ``path`` (it inherits fds)."""
+    with path.open("ab") as log:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
 
 
 def free_port() -> int:
@@ -83,3 +101,13 @@ class Service:
             self.proc.wait()
         if self.output is not None:
             self.output.close()
+
+
+async def all_ready(services: dict[str, Service], logs: dict[str, Path], within_s: float) -> None:
+    """Wait for every service; one that exits or never gets ready fails the test with the
+    tail of its log."""
+    for name, service in services.items():
+        try:
+            await service.ready(within_s=within_s)
+        except (RuntimeError, TimeoutError) as exc:
+            raise AssertionError(f"{name}: {exc}\n{logs[name].read_text()[-3000:]}") from exc

@@ -8,7 +8,6 @@ Each service writes its output to a file: a 5xx in a test quotes the traceback i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -25,7 +24,7 @@ import requests
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.conftest import settings_of_their_own
-from tests.e2e.processes import Service
+from tests.e2e.processes import Service, output_to
 
 # How many requests and frames each part of the suite sent (printed at the end of the run).
 CASES: Counter[str] = Counter()
@@ -68,24 +67,8 @@ class Services:
     settings: Settings
 
 
-@contextlib.contextmanager
-def _output_to(path: Path) -> Iterator[None]:
-    """A child started inside writes its stdout and stderr to ``path`` (it inherits fds)."""
-    with path.open("ab") as log:
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-
-
 def _start(module: str, settings: Settings, log: Path) -> Running:
-    with _output_to(log):
+    with output_to(log):
         service = Service(module, settings)
     return Running(service, log)
 

@@ -26,7 +26,7 @@ import requests
 
 from shared.infra.settings import Settings
 from tests.conftest import settings_of_their_own
-from tests.e2e.processes import ROOT, Service, free_port
+from tests.e2e.processes import ROOT, Service, free_port, output_to
 
 CHROMIUM = os.environ.get("GIN_CHROMIUM", "/usr/bin/chromium")
 SHOTS = ROOT / "test-output" / "web"
@@ -48,22 +48,6 @@ DESKTOP = {"width": 1280, "height": 860}
 ABSENCE_S = 6.0
 
 
-@contextlib.contextmanager
-def _output_to(path: Path) -> Iterator[None]:
-    """A child started inside writes its stdout and stderr to ``path`` (it inherits fds)."""
-    with path.open("ab") as log:
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-
-
 @dataclass
 class Stack:
     """The four services of the page's world; ``base`` is where the page is served."""
@@ -78,7 +62,7 @@ class Stack:
         same port: what a deploy does to a player mid-match."""
         old = self.services["table"]
         old.stop()
-        with _output_to(SHOTS / "services" / "table.log"):
+        with output_to(SHOTS / "services" / "table.log"):
             new = Service("services.table", self.settings, port=old.port)
         self.services["table"] = new
         # No asyncio.run here: a test calls this while Playwright's loop runs.
@@ -120,7 +104,7 @@ def stack(web_settings: Settings) -> Iterator[Stack]:
     try:
         for name in ("table", "chat", "bots", "timers"):
             port = web_settings.http_port if name == "table" else None
-            with _output_to(logs / f"{name}.log"):
+            with output_to(logs / f"{name}.log"):
                 services[name] = Service(f"services.{name}", web_settings, port=port)
 
         async def ready() -> None:
