@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,6 +179,7 @@ class Person:
         self.page.on("pageerror", lambda exc: self.errors.append(f"{who}: {exc}"))
         self.stack = stack
         self.who = who
+        self.inputs_again: list[str] = []  # inputs the page lost and ``act`` gave again
 
     def shot(self, name: str) -> Path:
         """A screenshot of the whole page, for a person to look at."""
@@ -190,10 +192,35 @@ class Person:
         return self.page.evaluate(f"() => {{ const s = window.gin.state; return s{expression}; }}")
 
     def wait(self, predicate: str, timeout_ms: float = 15_000) -> None:
-        """Wait until ``predicate`` (JavaScript over ``s``, the page's state) holds."""
-        self.page.wait_for_function(
-            f"() => {{ const s = window.gin && window.gin.state; return !!s && ({predicate}); }}",
-            timeout=timeout_ms,
+        """Wait until ``predicate`` (JavaScript over ``s``, the page's state) holds; past the
+        timeout, the failure says what the page showed (its notice, its log, its turn)."""
+        from playwright.sync_api import TimeoutError as PageTimeout
+
+        try:
+            self.page.wait_for_function(
+                "() => { const s = window.gin && window.gin.state;"
+                f" return !!s && ({predicate}); }}",
+                timeout=timeout_ms,
+            )
+        except PageTimeout as timeout:
+            raise AssertionError(f"{self.who}: never {predicate}; {self.seen()}") from timeout
+
+    def seen(self) -> str:
+        """What the page shows a person, for a failure's message."""
+        return str(
+            self.page.evaluate(
+                """() => {
+                  const s = window.gin.state, h = s.view && s.view.hand;
+                  return JSON.stringify({
+                    notice: document.getElementById("notice").textContent,
+                    connection: document.getElementById("conn").dataset.state,
+                    busy: s.busy, selected: s.selected, boards: s.boards.length,
+                    version: s.view && s.view.version, last_seq: s.lastSeq,
+                    phase: h && h.phase, to_act: h && h.to_act, you: s.view && s.view.you,
+                    log: s.log.slice(-6),
+                  });
+                }"""
+            )
         )
 
 
@@ -208,6 +235,9 @@ def people(browser: Any, stack: Stack) -> Iterator[Callable[..., Person]]:
         return person
 
     yield open_person
+    for person in opened:
+        if person.inputs_again:  # shown in the run's summary: a page that loses inputs often
+            warnings.warn(f"{person.who}: inputs given again: {person.inputs_again}", stacklevel=1)
     errors = [e for p in opened for e in p.errors]
     for person in opened:
         person.context.close()

@@ -3,6 +3,7 @@ clicking what a person would click (the stock, a card twice, a card dragged, the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tests.web.conftest import Person
@@ -59,39 +60,56 @@ def act(person: Person, *, drag: bool = False, knock: bool = True) -> str:
     Passes the upcard; draws by clicking the stock; goes BIG GIN, GIN or BATER (without a chosen
     card: the server picks the discard) when the page shows it and ``knock``; otherwise
     discards ORGANIZAR's suggested card by clicking it twice (or dragging it to the pile).
-    Waits until the view has moved on.
+    Waits until the view has moved on. An input the page never acted on (no command under
+    way, no refusal shown: a click or a drop the browser lost while the page was drawn again)
+    is given once more, as a person would, and counted in ``person.inputs_again``; anything
+    else fails with what the page showed.
     """
-    page = person.page
     view: dict[str, Any] = person.state(".view")
     hand = view.get("hand")
     if board_open(person) or not hand or view["you"] is None or hand["to_act"] != view["you"]:
         return "wait"
     before = view["version"]
-    if hand["phase"] == "upcard":
-        page.locator("#actions [data-action=pass_upcard]").click()
-        done = "pass"
-    elif hand["phase"] == "draw":
-        page.locator("#stock").click()
-        done = "draw"
-    else:
-        endings_follow_legal(person, view)
-        ending = page.locator("#actions [data-action=big_gin], #actions [data-action=gin]")
-        knocking = page.locator("#actions [data-action=knock]")
-        if knock and ending.count():
-            ending.first.click()
-            done = "gin"
-        elif knock and knocking.count():
-            knocking.click()
-            done = "knock"
-        else:
-            card = hand["my_arrangement"].get("discard") or hand["my_cards"][0]
-            target = page.locator(f"#hand .card[data-card='{card}']")
-            if drag:
-                target.drag_to(page.locator("#discard"))
-                done = "drag"
-            else:
-                target.click()
-                target.click()
-                done = "discard"
-    person.wait(f"s.view.version > {before} || s.boards.length > 0")
+    done, give = _decision(person, view, drag=drag, knock=knock)
+    moved_on = f"s.view.version > {before} || s.boards.length > 0"
+    give()
+    try:
+        person.wait(moved_on, timeout_ms=7_500)
+    except AssertionError:
+        shown = person.page.locator("#notice")
+        if person.state(".busy") or (shown.is_visible() and shown.text_content()):
+            raise
+        person.inputs_again.append(f"{done} at version {before}")
+        give()
+        person.wait(moved_on)
     return done
+
+
+def _decision(
+    person: Person, view: dict[str, Any], *, drag: bool, knock: bool
+) -> tuple[str, Callable[[], None]]:
+    """What ``act`` does at this view, and the clicks that do it."""
+    page = person.page
+    hand = view["hand"]
+    if hand["phase"] == "upcard":
+        return "pass", page.locator("#actions [data-action=pass_upcard]").click
+    if hand["phase"] == "draw":
+        return "draw", page.locator("#stock").click
+    endings_follow_legal(person, view)
+    ending = page.locator("#actions [data-action=big_gin], #actions [data-action=gin]")
+    knocking = page.locator("#actions [data-action=knock]")
+    if knock and ending.count():
+        return "gin", ending.first.click
+    if knock and knocking.count():
+        return "knock", knocking.click
+    card = hand["my_arrangement"].get("discard") or hand["my_cards"][0]
+    target = page.locator(f"#hand .card[data-card='{card}']")
+    if drag:
+        return "drag", lambda: target.drag_to(page.locator("#discard"))
+
+    def twice() -> None:  # the first click chooses the card (unless it is chosen already)
+        if person.state(".selected") != card:
+            target.click()
+        target.click()
+
+    return "discard", twice

@@ -92,7 +92,8 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     caio: Person = people(DESKTOP, "caio")
     caio.page.goto(invite)
     sign_in(caio, "Caio")
-    caio.wait("s.view && s.view.status === 'playing' && s.view.you === null")
+    # The page shows the table before it asks for the seat: its socket opens after the answer.
+    caio.wait("s.socket !== null && s.view.status === 'playing' && s.view.you === null")
     token = caio.state(".me.token")
     expected = requests.post(
         f"{stack.base}/v1/tables/{table}/join",
