@@ -7,9 +7,14 @@ shares their timing.
 """
 
 import os
+import signal
 import sys
 
 from bench import bots, engine, spectators, table_load
+
+# A stopped bench (SIGTERM, as ``kill`` sends) cleans up as Ctrl-C does: its service stopped,
+# its database and broker objects dropped. Python's default would leave the service running.
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 groups = sys.argv[1:] or ["engine", "table", "spectators"] + (
     ["bots"] if os.environ.get("BENCH_BOTS_MATCHES") else []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -64,8 +65,9 @@ WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the 
 
 
 def cpu_seconds(service_pid: int) -> dict[int, tuple[str, float]]:
-    """CPU seconds (user + system) used so far by the service, each PostgreSQL process and
-    each RabbitMQ (Erlang) process of the machine, by pid: (part, seconds)."""
+    """CPU seconds (user + system) used so far by the service, each PostgreSQL process, each
+    RabbitMQ (Erlang) process of the machine and this process (the load: the players, or the
+    raw loop's client), by pid: (part, seconds)."""
     tick = os.sysconf("SC_CLK_TCK")
     found: dict[int, tuple[str, float]] = {}
     for entry in Path("/proc").iterdir():
@@ -80,6 +82,8 @@ def cpu_seconds(service_pid: int) -> dict[int, tuple[str, float]]:
         part = (
             "service"
             if pid == service_pid
+            else "load"
+            if pid == os.getpid()
             else "postgresql"
             if name == "postgres"
             else "rabbitmq"
@@ -97,11 +101,40 @@ def cpu_per_move(
 ) -> dict[str, float]:
     """Milliseconds of CPU per applied move, by part, of the processes alive at both ends
     (the service's pool and the broker live through a round; one that ended is not counted)."""
-    parts = {"service": 0.0, "postgresql": 0.0, "rabbitmq": 0.0}
+    parts = {"service": 0.0, "postgresql": 0.0, "rabbitmq": 0.0, "load": 0.0}
     for pid, (part, seconds) in after.items():
         if pid in before:
             parts[part] += seconds - before[pid][1]
     return {k: round(v * 1000 / max(moves, 1), 3) for k, v in parts.items()}
+
+
+def machine_cpu() -> tuple[float, float]:
+    """The machine's CPU seconds so far, all cores: (busy, all). Busy is everything but idle
+    and I/O wait (the kernel's network and disk work included)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+class CpuSpent:
+    """What a round cost the machine, measured around it: ``figures(moves)`` gives the CPU
+    ms per move by part and in all (the whole machine's busy time), and the machine's busy
+    share (near 1: the round was bound by CPU; well below: by something else, the disk's
+    flushes say)."""
+
+    def __init__(self, service_pid: int) -> None:
+        self.pid = service_pid
+        self.parts = cpu_seconds(service_pid)
+        self.machine = machine_cpu()
+
+    def figures(self, moves: int) -> dict[str, Any]:
+        busy, all_ = (b - a for a, b in zip(self.machine, machine_cpu(), strict=True))
+        return {
+            "cpu_ms_per_move": cpu_per_move(self.parts, cpu_seconds(self.pid), moves),
+            "machine_cpu_ms_per_move": round(busy * 1000 / max(moves, 1), 3),
+            "machine_busy_share": round(busy / all_, 3) if all_ else None,
+        }
 
 
 LAG_EDGES = ("0.025", "0.05", "0.1")  # loop lags counted past each, seconds
@@ -148,8 +181,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def raw_move_rate(url: str, seconds: float, connections: int) -> tuple[float, float]:
-    """Moves/s and p50 ms of SELECT FOR UPDATE + UPDATE + INSERT on as many rows as tables."""
+async def raw_move_rate(url: str, seconds: float, connections: int) -> tuple[int, float, float]:
+    """Moves made, moves/s and p50 ms of SELECT FOR UPDATE + UPDATE + INSERT on as many rows
+    as tables."""
     pool = await asyncpg.create_pool(url, min_size=connections, max_size=connections)
     assert pool is not None
     async with pool.acquire() as conn:
@@ -196,7 +230,7 @@ async def raw_move_rate(url: str, seconds: float, connections: int) -> tuple[flo
     async with pool.acquire() as conn:
         await conn.execute("DROP TABLE raw_events, raw_tables")
     await pool.close()
-    return rate, statistics.median(times) * 1000
+    return done, rate, statistics.median(times) * 1000
 
 
 class _Hand(msgspec.Struct):
@@ -552,8 +586,20 @@ def start_service(env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
     print(f"bench: the table service logs to {log}", file=sys.stderr, flush=True)
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.table"], env=env, cwd=ROOT, stdout=out, stderr=out
+            [sys.executable, "-m", "services.table"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=out,
+            preexec_fn=_stop_with_parent,
         )
+
+
+def _stop_with_parent() -> None:
+    """In the child: SIGTERM when the bench dies, however it dies (Linux's PR_SET_PDEATHSIG),
+    so that a killed bench leaves no service behind."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 async def wait_ready(base: str, proc: subprocess.Popen[bytes]) -> None:
@@ -634,31 +680,27 @@ def main() -> None:
 
 def measure(base: str, url: str, proc: subprocess.Popen[bytes]) -> None:
     """Every phase of BENCH_PHASES against the running service."""
-    raw: list[float] = []
-    saturated: list[float] = []
+    raw: list[dict[str, Any]] = []
+    saturated: list[dict[str, Any]] = []
     for n in range(ROUNDS):  # side by side, alternating: the machine's drift hits both
         if "raw" in PHASES:
-            rate, p50 = asyncio.run(raw_move_rate(url, 10.0, POOL_SIZE))
-            raw.append(rate)
+            spent = CpuSpent(proc.pid)
+            done, rate, p50 = asyncio.run(raw_move_rate(url, 10.0, POOL_SIZE))
+            raw.append({"per_s": round(rate, 1), **spent.figures(done)})
             emit(
                 bench="raw_pg_move_tx",
                 round=n,
                 connections=POOL_SIZE,
-                per_s=round(rate, 1),
                 p50_ms=round(p50, 2),
+                **raw[-1],
             )
         if "saturated" in PHASES:  # every player answers at once
+            spent = CpuSpent(proc.pid)
             figures = measured_round(url, base, proc.pid, 0.0)
-            saturated.append(figures["per_s"])
-            emit(round=n, **figures)
+            saturated.append({**figures, **spent.figures(figures["n"])})
+            emit(round=n, **saturated[-1])
     if raw and saturated:
-        emit(
-            bench="table_vs_raw",
-            rounds=ROUNDS,
-            raw_median_per_s=round(statistics.median(raw), 1),
-            table_median_per_s=round(statistics.median(saturated), 1),
-            ratio=round(statistics.median(saturated) / statistics.median(raw), 3),
-        )
+        emit(bench="table_vs_raw", rounds=ROUNDS, **side_by_side(raw, saturated))
     if "paced" in PHASES:  # people: a moment's thought before each move, right after
         before = cpu_seconds(proc.pid)
         figures = measured_round(url, base, proc.pid, THINK_S)
@@ -666,6 +708,30 @@ def measure(base: str, url: str, proc: subprocess.Popen[bytes]) -> None:
         emit(**figures, cpu_ms_per_move=cpu)
     if "flood" in PHASES:
         flood_rounds(url, base, proc.pid)
+
+
+def side_by_side(raw: list[dict[str, Any]], saturated: list[dict[str, Any]]) -> dict[str, Any]:
+    """The saturated service's rate over the raw loop's (medians), and the ratio the machine's
+    CPU alone would allow: the raw loop's CPU per move over the service's (all processes
+    counted, the load's too). Where the raw loop leaves the CPU idle (its busy share well below
+    the service's: it waits on the disk's flushes), the first ratio is above the second."""
+
+    def median(rounds: list[dict[str, Any]], field: str) -> float:
+        return float(statistics.median(r[field] for r in rounds))
+
+    raw_rate, table_rate = median(raw, "per_s"), median(saturated, "per_s")
+    raw_cpu = median(raw, "machine_cpu_ms_per_move")
+    table_cpu = median(saturated, "machine_cpu_ms_per_move")
+    return {
+        "raw_median_per_s": round(raw_rate, 1),
+        "table_median_per_s": round(table_rate, 1),
+        "ratio": round(table_rate / raw_rate, 3),
+        "raw_machine_busy_share_median": median(raw, "machine_busy_share"),
+        "table_machine_busy_share_median": median(saturated, "machine_busy_share"),
+        "raw_machine_cpu_ms_per_move_median": raw_cpu,
+        "table_machine_cpu_ms_per_move_median": table_cpu,
+        "cpu_bound_ratio": round(raw_cpu / table_cpu, 3) if table_cpu else None,
+    }
 
 
 def flood_rounds(url: str, base: str, pid: int) -> None:
