@@ -530,22 +530,32 @@ def _delta(
 
 
 async def autovacuums(url: str) -> dict[str, int]:
-    """How often autovacuum and autoanalyze have run on each table of the service."""
+    """How often autovacuum and autoanalyze have run on each table of the service, and
+    (``CHECKPOINTS``) how many checkpoints the server has made: its flushes can hold commits."""
     conn = await asyncpg.connect(url)
     try:
         rows = await conn.fetch(
             "SELECT relname, autovacuum_count + autoanalyze_count AS n FROM pg_stat_user_tables"
             " WHERE schemaname = 'gin_table'"
         )
+        try:  # PostgreSQL 17 moved them to pg_stat_checkpointer
+            made = await conn.fetchval("SELECT num_timed + num_requested FROM pg_stat_checkpointer")
+        except asyncpg.UndefinedTableError:
+            made = await conn.fetchval(
+                "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+            )
     finally:
         await conn.close()
-    return {row["relname"]: row["n"] for row in rows}
+    return {row["relname"]: row["n"] for row in rows} | {CHECKPOINTS: made}
+
+
+CHECKPOINTS = "(checkpoints)"
 
 
 def measured_round(url: str, base: str, pid: int, *args: Any) -> dict[str, Any]:
     """One round of ``play(base, *args)``, its figures once published, the service's CPU
     over it (``pid``: ms a second), and the tables that autovacuum or autoanalyze went
-    through meanwhile (a stall's usual suspect)."""
+    through meanwhile and the checkpoints the server made (a stall's usual suspects)."""
     before = asyncio.run(autovacuums(url))
     cpu = cpu_seconds(pid).get(pid, ("service", 0.0))[1]
     began = time.perf_counter()
@@ -553,7 +563,9 @@ def measured_round(url: str, base: str, pid: int, *args: Any) -> dict[str, Any]:
     cpu = cpu_seconds(pid).get(pid, ("service", 0.0))[1] - cpu
     figures["service_cpu_ms_per_s"] = round(cpu * 1000 / (time.perf_counter() - began), 1)
     after = asyncio.run(autovacuums(url))
+    checkpoints = after.pop(CHECKPOINTS) - before.pop(CHECKPOINTS)
     figures["autovacuumed"] = sorted(t for t, n in after.items() if n > before.get(t, 0))
+    figures["checkpoints"] = checkpoints
     return figures
 
 
