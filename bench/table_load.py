@@ -99,12 +99,12 @@ def cpu_seconds(service_pid: int) -> dict[int, tuple[str, float]]:
 def cpu_per_move(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], moves: int
 ) -> dict[str, float]:
-    """Milliseconds of CPU per applied move, by part, of the processes alive at both ends
-    (the service's pool and the broker live through a round; one that ended is not counted)."""
+    """Milliseconds of CPU per applied move, by part, of the processes alive at the end (one
+    born meanwhile, a new pool connection's backend, counts whole; one that ended is not
+    counted: measure before closing what the round opened)."""
     parts = {"service": 0.0, "postgresql": 0.0, "rabbitmq": 0.0, "load": 0.0}
     for pid, (part, seconds) in after.items():
-        if pid in before:
-            parts[part] += seconds - before[pid][1]
+        parts[part] += seconds - (before[pid][1] if pid in before else 0.0)
     return {k: round(v * 1000 / max(moves, 1), 3) for k, v in parts.items()}
 
 
@@ -181,9 +181,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def raw_move_rate(url: str, seconds: float, connections: int) -> tuple[int, float, float]:
-    """Moves made, moves/s and p50 ms of SELECT FOR UPDATE + UPDATE + INSERT on as many rows
-    as tables."""
+async def raw_move_rate(
+    url: str, seconds: float, connections: int, spent: CpuSpent
+) -> tuple[dict[str, Any], float, float]:
+    """What the moves cost (``spent``, read before the connections close), moves/s and p50 ms
+    of SELECT FOR UPDATE + UPDATE + INSERT on as many rows as tables."""
     pool = await asyncpg.create_pool(url, min_size=connections, max_size=connections)
     assert pool is not None
     async with pool.acquire() as conn:
@@ -227,10 +229,11 @@ async def raw_move_rate(url: str, seconds: float, connections: int) -> tuple[int
     began = time.perf_counter()
     await asyncio.gather(*(worker(k) for k in range(connections)))
     rate = done / (time.perf_counter() - began)
+    cost = spent.figures(done)
     async with pool.acquire() as conn:
         await conn.execute("DROP TABLE raw_events, raw_tables")
     await pool.close()
-    return done, rate, statistics.median(times) * 1000
+    return cost, rate, statistics.median(times) * 1000
 
 
 class _Hand(msgspec.Struct):
@@ -696,9 +699,8 @@ def measure(base: str, url: str, proc: subprocess.Popen[bytes]) -> None:
     saturated: list[dict[str, Any]] = []
     for n in range(ROUNDS):  # side by side, alternating: the machine's drift hits both
         if "raw" in PHASES:
-            spent = CpuSpent(proc.pid)
-            done, rate, p50 = asyncio.run(raw_move_rate(url, 10.0, POOL_SIZE))
-            raw.append({"per_s": round(rate, 1), **spent.figures(done)})
+            cost, rate, p50 = asyncio.run(raw_move_rate(url, 10.0, POOL_SIZE, CpuSpent(proc.pid)))
+            raw.append({"per_s": round(rate, 1), **cost})
             emit(
                 bench="raw_pg_move_tx",
                 round=n,
