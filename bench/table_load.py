@@ -61,6 +61,9 @@ FLOOD_NICE = int(os.environ.get("BENCH_FLOOD_NICE", "0"))
 FLOOD_ROUNDS = int(os.environ.get("BENCH_FLOOD_ROUNDS", "4"))
 # The flooder's keep-alive connections: one set of flood rounds for each count listed.
 FLOOD_CONNECTIONS = [int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "8,64").split(",")]
+# 1: the table service runs with GIN_RELAY_APART and its outbox relay as a process of its own
+# (services.table.relay), counted as the part "relay".
+RELAY_APART = os.environ.get("BENCH_RELAY_APART", "0") == "1"
 WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
 
 
@@ -82,6 +85,8 @@ def cpu_seconds(service_pid: int) -> dict[int, tuple[str, float]]:
         part = (
             "service"
             if pid == service_pid
+            else "relay"
+            if name.startswith("python") and _is_relay(entry)
             else "load"
             if pid == os.getpid()
             else "postgresql"
@@ -96,6 +101,13 @@ def cpu_seconds(service_pid: int) -> dict[int, tuple[str, float]]:
     return found
 
 
+def _is_relay(entry: Path) -> bool:
+    try:
+        return b"services.table.relay" in (entry / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def cpu_per_move(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], moves: int
 ) -> dict[str, float]:
@@ -103,6 +115,8 @@ def cpu_per_move(
     born meanwhile, a new pool connection's backend, counts whole; one that ended is not
     counted: measure before closing what the round opened)."""
     parts = {"service": 0.0, "postgresql": 0.0, "rabbitmq": 0.0, "load": 0.0}
+    if RELAY_APART:
+        parts["relay"] = 0.0
     for pid, (part, seconds) in after.items():
         parts[part] += seconds - (before[pid][1] if pid in before else 0.0)
     return {k: round(v * 1000 / max(moves, 1), 3) for k, v in parts.items()}
@@ -593,15 +607,18 @@ async def published(url: str, figures: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def start_service(env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
-    """The table service as a process, its log in .run/bench/NAME.log (named on stderr)."""
+def start_service(
+    env: dict[str, str], name: str, module: str = "services.table"
+) -> subprocess.Popen[bytes]:
+    """The table service (or ``module``) as a process, its log in .run/bench/NAME.log (named
+    on stderr)."""
     logs = ROOT / ".run" / "bench"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}.log"
-    print(f"bench: the table service logs to {log}", file=sys.stderr, flush=True)
+    print(f"bench: {module} logs to {log}", file=sys.stderr, flush=True)
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.table"],
+            [sys.executable, "-m", module],
             env=env,
             cwd=ROOT,
             stdout=out,
@@ -675,14 +692,25 @@ def table_service(**settings: str) -> Iterator[Service]:
         GIN_LOG_FORMAT="json",
         **settings,
     )
+    if RELAY_APART:
+        env["GIN_RELAY_APART"] = "true"
     proc = start_service(env, name)
     base = f"http://127.0.0.1:{port}"
+    relay = None
     try:
         asyncio.run(wait_ready(base, proc))
+        if RELAY_APART:
+            relay_port = free_port()
+            relay = start_service(
+                {**env, "GIN_HTTP_PORT": str(relay_port)}, f"{name}-relay", "services.table.relay"
+            )
+            asyncio.run(wait_ready(f"http://127.0.0.1:{relay_port}", relay))
         yield Service(base=base, url=url, proc=proc)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        for each in (relay, proc):
+            if each is not None:
+                each.send_signal(signal.SIGTERM)
+                each.wait(timeout=60)
         asyncio.run(database(admin, name, False))
         asyncio.run(drop_prefix(urls["GIN_AMQP_URL"], f"bench-{name}."))
 

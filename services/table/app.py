@@ -89,7 +89,11 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     )
     await consumer.start(app[BROKER])
     app[RELAY] = service.relay(app, SCHEMA, channel, exchanges, digest_to=SOCKETS_EXCHANGE)
-    relay = asyncio.create_task(app[RELAY].run(), name="outbox-relay")
+    # Apart (GIN_RELAY_APART), the relay's process publishes; this replica's relay object only
+    # sends the NOTIFY that wakes it (``OutboxRelay.committed``).
+    relay = (
+        None if settings.relay_apart else asyncio.create_task(app[RELAY].run(), name="outbox-relay")
+    )
     resend = BotTurnResend(
         app[POOL],
         app[TABLES],
@@ -100,8 +104,33 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     resending = asyncio.create_task(resend.run(), name="bot-turn-resend")
     yield
     await consumer.stop()
-    await service.cancel(resending, relay)
+    await service.cancel(resending, *([] if relay is None else [relay]))
     await hub.stop()
+    await app[RELAY].close()
+    await app[BROKER].close()
+
+
+def create_relay_app(settings: Settings) -> web.Application:
+    """The table's outbox relay alone (``python -m services.table.relay``): with
+    ``GIN_RELAY_APART`` the replicas commit and wake it by NOTIFY, and this process publishes,
+    so a replica's event loop spends nothing on publishing (some 10% of its CPU at saturation)
+    and no replica, the one holding the relay's lock, publishes for all the others. Two of them
+    may run: one publishes at a time (the advisory lock), the other takes over."""
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[REGISTRY] = CollectorRegistry()
+    app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
+    app.cleanup_ctx.append(_relay_only)
+    service.add_health(app)
+    return app
+
+
+async def _relay_only(app: web.Application) -> AsyncIterator[None]:
+    channel, exchanges = await service.open_broker(app, "table")
+    app[RELAY] = service.relay(app, SCHEMA, channel, exchanges, digest_to=SOCKETS_EXCHANGE)
+    relay = asyncio.create_task(app[RELAY].run(), name="outbox-relay")
+    yield
+    await service.cancel(relay)
     await app[RELAY].close()
     await app[BROKER].close()
 

@@ -69,6 +69,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_hold_interval_s: float = 0.2
     rate_hold_max_s: float = 5.0
     rate_holds_max: int = 2000
+    # The table service's outbox relay runs in a process of its own (``python -m
+    # services.table.relay``, the gin-table-relay Deployment): a replica only wakes it.
+    relay_apart: bool = False
     relay_batch: int = 500
     relay_poll_s: float = 1.0
     relay_linger_s: float = 0.005  # a busy relay lets each next batch gather this long

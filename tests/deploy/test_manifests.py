@@ -52,12 +52,15 @@ NAMESPACES = {"dev": "gin-dev", "prod": "gin"}
 # for them. Anything else without a schema is a mistake (a built-in kind misspelt).
 CUSTOM_GROUPS = {"postgresql.cnpg.io", "rabbitmq.com", "keda.sh", "monitoring.coreos.com"}
 SERVICES = ("table", "chat", "timers", "bots")
-PORTS = {"table": 8080, "chat": 8081, "timers": 8082, "bots": 8083}
+# The table's outbox relay (services.table.relay, GIN_RELAY_APART on the replicas) is a
+# workload of its own, scraped only.
+PORTS = {"table": 8080, "chat": 8081, "timers": 8082, "bots": 8083, "table.relay": 8084}
 SECRET_SETTINGS = {env_name(f) for f in ("database_url", "amqp_url", "auth_secret")}
 # Settings a workload is deliberately not given (least privilege), by app.kubernetes.io/component.
 NOT_GIVEN = {
     "bots": {env_name("database_url"), env_name("auth_secret")},  # no database, no tokens
     "timers": {env_name("auth_secret")},  # verifies no tokens
+    "table.relay": {env_name("auth_secret")},  # publishes only
     "migrations": {env_name("amqp_url"), env_name("auth_secret"), env_name("http_port")},
 }
 # What each workload may reach: (the server's gin.selminha.com/server label, port).
@@ -65,6 +68,7 @@ REACHES = {
     "table": {("postgresql", 5432), ("rabbitmq", 5672)},
     "chat": {("postgresql", 5432), ("rabbitmq", 5672)},
     "timers": {("postgresql", 5432), ("rabbitmq", 5672)},
+    "table.relay": {("postgresql", 5432), ("rabbitmq", 5672)},
     "bots": {("rabbitmq", 5672)},
     "migrations": {("postgresql", 5432)},
 }
@@ -450,8 +454,8 @@ def test_who_reaches_the_services(overlay: str) -> None:
     pods = {p.name: p for p in _pods(objs, NAMESPACES[overlay])}
     stranger = Pod("stranger", NAMESPACES[overlay], {})  # e.g. the ingress controller's peer
     prometheus = Pod("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"})
-    for service in SERVICES:
-        pod = pods[f"gin-{service}"]
+    for service in PORTS:
+        pod = pods[f"gin-{service.replace('.', '-')}"]
         port = PORTS[service]
         assert reachable(policies, prometheus, pod, port), service
         assert reachable(policies, stranger, pod, port) == (service in ("table", "chat"))
@@ -470,6 +474,7 @@ def test_prod_scales_as_asked() -> None:
     assert "replicas" not in named(objs, "Deployment", "gin-bots")["spec"], "KEDA owns it"
     assert named(objs, "Deployment", "gin-chat")["spec"]["replicas"] == 2
     assert named(objs, "Deployment", "gin-timers")["spec"]["replicas"] == 2
+    assert named(objs, "Deployment", "gin-table-relay")["spec"]["replicas"] == 2
     hpa = named(objs, "HorizontalPodAutoscaler", "gin-table")["spec"]
     assert hpa["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
@@ -735,6 +740,15 @@ def test_each_service_connects_as_its_own_broker_user() -> None:
         assert users[f"gin-{service}"]["importCredentialsSecret"]["name"] == secret
         assert not users[f"gin-{service}"].get("tags"), "no management access"
     assert users["gin-keda"]["tags"] == ["monitoring"]
+    # The table's outbox relay is the table's code: the table's user and role.
+    (relay,) = named(objs, "Deployment", "gin-table-relay")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    secrets = {v["name"]: v["valueFrom"]["secretKeyRef"]["name"] for v in relay["env"]}
+    assert secrets == {
+        env_name("database_url"): "gin-table-database",
+        env_name("amqp_url"): "gin-table-amqp",
+    }
 
 
 # --- monitoring --------------------------------------------------------------------------------

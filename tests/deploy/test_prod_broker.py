@@ -323,6 +323,12 @@ async def refused(connection: AbstractConnection, attempt: Attempt) -> bool:
     return False
 
 
+def user_of(workload: str, passwords: dict[str, str]) -> tuple[str, str]:
+    """The broker user and password a workload connects as (table.relay: the table's)."""
+    user = "gin-" + workload.partition(".")[0]
+    return user, passwords[user]
+
+
 # --- the test --------------------------------------------------------------------------------
 
 
@@ -340,18 +346,19 @@ async def test_every_service_plays_as_its_own_user_and_is_refused_the_rest(
         prefix="",  # production's names: the permissions' patterns are anchored on them
         log_format="json",
         bot_think_s=0.0,
+        relay_apart=True,  # as prod runs the table: its outbox relay a process of its own
     )
-    logs = {name: tmp_path / f"{name}.log" for name in SERVICES}
+    # Each service as its user; the table's relay (table.relay) is the table's code and user.
+    workloads = (*SERVICES, "table.relay")
+    logs = {name: tmp_path / f"{name}.log" for name in workloads}
     services = {
         name: Service(
             f"services.{name}",
-            msgspec.structs.replace(
-                s, amqp_url=broker.url(f"gin-{name}", passwords[f"gin-{name}"], vhost)
-            ),
+            msgspec.structs.replace(s, amqp_url=broker.url(*user_of(name, passwords), vhost)),
             log_to=logs[name],
             GIN_LOG_LEVEL="info",
         )
-        for name in SERVICES
+        for name in workloads
     }
     try:
         await all_ready(services, logs, within_s=90)
