@@ -61,9 +61,10 @@ FLOOD_NICE = int(os.environ.get("BENCH_FLOOD_NICE", "0"))
 FLOOD_ROUNDS = int(os.environ.get("BENCH_FLOOD_ROUNDS", "4"))
 # The flooder's keep-alive connections: one set of flood rounds for each count listed.
 FLOOD_CONNECTIONS = [int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "8,64").split(",")]
-# 1: the table service runs with GIN_RELAY_APART and its outbox relay as a process of its own
-# (services.table.relay), counted as the part "relay".
-RELAY_APART = os.environ.get("BENCH_RELAY_APART", "0") == "1"
+# As production runs it (deploy/k8s): the table service with GIN_RELAY_APART and its outbox
+# relay a process of its own (services.table.relay), counted as the part "relay"; 0: the
+# relay inside the service.
+RELAY_APART = os.environ.get("BENCH_RELAY_APART", "1") == "1"
 WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
 
 

@@ -101,7 +101,7 @@ class OutboxRelay:
         metrics: RelayMetrics,
         batch: int = 500,
         poll_s: float = 1.0,
-        linger_s: float = 0.005,
+        linger_s: float = 0.02,
         digest_to: str | None = None,
         retention_s: float = 86400.0,
         clock: Callable[[], float] = time.monotonic,

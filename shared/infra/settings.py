@@ -74,7 +74,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     relay_apart: bool = False
     relay_batch: int = 500
     relay_poll_s: float = 1.0
-    relay_linger_s: float = 0.005  # a busy relay lets each next batch gather this long
+    # A busy relay lets each next batch gather this long (the first after a quiet spell goes
+    # at once). 20 ms, not 5: at 200 moves/s a batch of ~4 rows instead of ~1 cut the CPU of
+    # a move by a quarter (relay, PostgreSQL, RabbitMQ, and the replicas' digests alike).
+    relay_linger_s: float = 0.02
     outbox_retention_s: float = 86400.0  # published outbox rows are kept this long (replays)
     timer_poll_s: float = 1.0  # the timer service looks for due deadlines at least this often
     timer_batch: int = 100  # due deadlines taken per transaction
