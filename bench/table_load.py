@@ -297,10 +297,16 @@ class Line:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
+    async def connect(self) -> None:
+        """Open the connection (``post`` opens it when it is not)."""
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         """POST a JSON body; the status and the body of the answer."""
         if self.writer is None or self.reader is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            await self.connect()
+        assert self.writer is not None
+        assert self.reader is not None
         self.writer.write(
             b"POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\n"
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
@@ -490,11 +496,15 @@ async def play(
                 cwd=ROOT,
                 stdout=asyncio.subprocess.PIPE,
             )
+            assert flooder.stdout is not None  # its start-up and connections are no flood
+            await asyncio.wait_for(flooder.stdout.readline(), 60)
         collected = await gc_pauses(session, base)
         start = time.perf_counter()
+        moved = sum(m.moves for m in matches)
         await asyncio.sleep(SECONDS)
         end = time.perf_counter()
-        moves = sum(m.moves for m in matches)  # the round's, not those while the flooder ends
+        # The round's moves: not those before it, nor those while the flooder ends.
+        moves = sum(m.moves for m in matches) - moved
         after = await gc_pauses(session, base)
         elapsed = end - start
         flood: dict[str, Any] = {}
@@ -509,7 +519,7 @@ async def play(
         x * 1000
         for m in matches
         for x, at in zip(m.latencies, m.completed_at, strict=True)
-        if at < end
+        if start <= at < end
     )
     windows = windows_p99(matches, start, end)
     return {
