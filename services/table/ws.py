@@ -174,6 +174,11 @@ class Hub:
         # Unbounded: it fills no faster than the database commits, and its task never waits
         # on a socket (only on the rare gap fill's read).
         self.inbox: asyncio.Queue[Change] = asyncio.Queue()
+        # Of each table with a change in the inbox: the newest seq of those changes. A relay
+        # batch can come back before the inbox is delivered; its events up to that seq are
+        # left to the inbox, which has the row and the views (the batch's catch-up would read
+        # the table and its log again, for nothing).
+        self.coming: dict[str, int] = {}
         self.task: asyncio.Task[None] | None = None
         self.closing: set[asyncio.Task[None]] = set()
         # Of each watched table: the newest row this replica has (its own commits, its reads)
@@ -407,6 +412,7 @@ class Hub:
     def committed(self, change: Change) -> None:
         """A change this replica just committed: delivered after the command's answer."""
         if change.envelopes and change.row.table_id in self.clients:
+            self.coming[change.row.table_id] = change.row.seq
             self.inbox.put_nowait(change)
 
     async def _deliver_commits(self) -> None:
@@ -414,10 +420,14 @@ class Hub:
         delivery is logged (its clients get the gap filled with the next event)."""
         while True:
             change = await self.inbox.get()
+            table_id = change.row.table_id
             try:
                 await self.deliver_local(change)
             except Exception:
-                log.exception("ws_delivery_failed", table_id=change.row.table_id)
+                log.exception("ws_delivery_failed", table_id=table_id)
+            finally:
+                if self.coming.get(table_id) == change.row.seq:
+                    del self.coming[table_id]
 
     async def _on_delivery(self, message: DeliveredMessage) -> None:
         try:
@@ -450,6 +460,8 @@ class Hub:
         behind: dict[str, list[Envelope]] = {}
         for raw in _batch_decoder.decode(body):
             head = _head_decoder.decode(raw)
+            if head.seq <= self.coming.get(head.table_id, 0):
+                continue  # this replica's own commit, on its way from the inbox
             self.hear(head.table_id, head.seq)
             watchers = self.clients.get(head.table_id)
             if watchers and any(c.ready and c.last_seq < head.seq for c in watchers):
