@@ -57,8 +57,13 @@ async def declare_topology(amqp_url: str, prefix: str) -> None:
         await amqp.declare_topology(await connection.channel(), prefix)
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a supervisor, kill) stops the services as Ctrl-C does
+
+
 def main() -> int:
     """Run the backend; return when every service has stopped."""
+    signal.signal(signal.SIGTERM, _interrupted)
     urls = servers.ensure(ROOT / ".run" / "servers")
     env = dict(os.environ)
     env.update(urls)
