@@ -65,6 +65,9 @@ FLOOD_CONNECTIONS = [int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "
 # relay a process of its own (services.table.relay), counted as the part "relay"; 0: the
 # relay inside the service.
 RELAY_APART = os.environ.get("BENCH_RELAY_APART", "1") == "1"
+# How players send their commands: "http" (POST .../commands, as the reference client does) or
+# "ws" (a command frame on the table socket each already holds, answered on it).
+COMMANDS = os.environ.get("BENCH_COMMANDS", "http")
 WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
 
 
@@ -268,15 +271,16 @@ class _Seq(msgspec.Struct):
     seq: int
 
 
+class _Result(msgspec.Struct):
+    events: list[_Seq]
+    view: _View
+
+
 class _Message(msgspec.Struct):
     kind: str
     event: _Seq | None = None
     view: _View | None = None
-
-
-class _Result(msgspec.Struct):
-    events: list[_Seq]
-    view: _View
+    result: _Result | None = None  # a command's answer on the socket (BENCH_COMMANDS=ws)
 
 
 _message = msgspec.json.Decoder(_Message)
@@ -356,6 +360,8 @@ class Match:
         self.errors = 0
         self.acted = [-1, -1]  # the last view version each seat acted on
         self.sockets: list[aiohttp.ClientWebSocketResponse] = []
+        self.socket_of: dict[int, aiohttp.ClientWebSocketResponse] = {}
+        self.posted_at = [0.0, 0.0]  # when each seat sent its command on its socket
         self.over = False
 
     async def setup(self) -> None:
@@ -386,6 +392,7 @@ class Match:
         url = f"{self.base}/v1/tables/{self.table_id}/ws?token={self.tokens[seat]}"
         async with self.session.ws_connect(url) as ws:
             self.sockets.append(ws)
+            self.socket_of[seat] = ws
             waited = False
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
@@ -402,6 +409,10 @@ class Match:
                     else:
                         self.arrived[key] = time.perf_counter()
                 view = data.view
+                if data.kind == "result" and data.result is not None:
+                    view = self._answered(seat, data.result, self.posted_at[seat])
+                elif data.kind == "error":
+                    self.errors += 1
                 while view is not None and not self.over and self._my_turn(view, seat):
                     view = await self._move(view, seat)
 
@@ -429,11 +440,20 @@ class Match:
             view.version,
         )
         start = time.perf_counter()
+        if COMMANDS == "ws":  # answered on the socket: the seat's loop reads it
+            self.posted_at[seat] = start
+            frame = b'{"kind":"command","command":%s}' % body
+            await self.socket_of[seat].send_str(frame.decode())  # a text frame
+            return None
         status, raw = await self.lines[seat].post(self.path, body)
         if status != 200:
             self.errors += 1
             return None
-        result = _result.decode(raw)
+        return self._answered(seat, _result.decode(raw), start)
+
+    def _answered(self, seat: int, result: _Result, start: float) -> _View:
+        """A command's answer (sent at ``start``): counted, and its latency sample begun or
+        completed; the view it brings."""
         self.moves += 1
         if result.events:
             key = (seat, result.events[0].seq)
@@ -524,6 +544,7 @@ async def play(
     windows = windows_p99(matches, start, end)
     return {
         "bench": "table_moves",
+        "commands_over": COMMANDS,
         **({"flood": flood} if flood else {}),
         "matches": MATCHES,
         "think_s": think_s,
