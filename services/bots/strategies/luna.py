@@ -47,8 +47,8 @@ class Style:
     feed: float = 0.6  # how much what a discard gives the opponent counts against it
     defense: float = 2.0  # extra weight of deadwood, times the chance the opponent can knock
     take_margin: float = 0.0  # how much better the pile top must be than the stock to take it
-    feed_samples: int = 16  # opponent hands sampled to price discards
-    knock_samples: int = 48  # opponent hands sampled to price a knock
+    feed_samples: int = 32  # opponent hands sampled to price discards
+    knock_samples: int = 96  # opponent hands sampled to price a knock
     knock_choices: int = 3  # knock discards priced (the lowest deadwood ones)
     wait_rounds: int = 3  # how many turns a knock may wait for a better one, gin or undercut
 
