@@ -359,8 +359,7 @@ class Match:
         self.moves = 0
         self.errors = 0
         self.acted = [-1, -1]  # the last view version each seat acted on
-        self.sockets: list[aiohttp.ClientWebSocketResponse] = []
-        self.socket_of: dict[int, aiohttp.ClientWebSocketResponse] = {}
+        self.sockets: dict[int, aiohttp.ClientWebSocketResponse] = {}  # by seat
         self.posted_at = [0.0, 0.0]  # when each seat sent its command on its socket
         self.over = False
 
@@ -379,7 +378,7 @@ class Match:
     async def stop(self) -> None:
         """The time is up: stop acting and close both sockets."""
         self.over = True
-        await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
+        await asyncio.gather(*(ws.close() for ws in self.sockets.values()), return_exceptions=True)
 
     def close(self) -> None:
         """Close the command connections (once no seat is still posting)."""
@@ -391,8 +390,7 @@ class Match:
         socket to have its own) before the first move."""
         url = f"{self.base}/v1/tables/{self.table_id}/ws?token={self.tokens[seat]}"
         async with self.session.ws_connect(url) as ws:
-            self.sockets.append(ws)
-            self.socket_of[seat] = ws
+            self.sockets[seat] = ws
             waited = False
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
@@ -443,7 +441,7 @@ class Match:
         if COMMANDS == "ws":  # answered on the socket: the seat's loop reads it
             self.posted_at[seat] = start
             frame = b'{"kind":"command","command":%s}' % body
-            await self.socket_of[seat].send_str(frame.decode())  # a text frame
+            await self.sockets[seat].send_frame(frame, aiohttp.WSMsgType.TEXT)
             return None
         status, raw = await self.lines[seat].post(self.path, body)
         if status != 200:
