@@ -36,6 +36,7 @@ import aiohttp
 import asyncpg
 import msgspec
 import uvloop
+import yaml
 
 from shared.infra.auth import mint
 
@@ -68,6 +69,9 @@ RELAY_APART = os.environ.get("BENCH_RELAY_APART", "1") == "1"
 # How players send their commands: "http" (POST .../commands, as the reference client does) or
 # "ws" (a command frame on the table socket each already holds, answered on it).
 COMMANDS = os.environ.get("BENCH_COMMANDS", "http")
+# Which PostgreSQL: "production" (a throwaway set as production's) or "machine" (bench_servers).
+BENCH_POSTGRES = os.environ.get("BENCH_POSTGRES", "production")
+PROD_POSTGRES = ROOT / "deploy" / "k8s" / "overlays" / "prod" / "postgres.yaml"
 WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
 
 
@@ -700,12 +704,49 @@ class Service(msgspec.Struct):
     proc: subprocess.Popen[bytes]
 
 
+def production_conf() -> dict[str, str]:
+    """PostgreSQL's parameters as production's: the prod overlay's CloudNativePG Cluster's over
+    servers.PRODUCTION (durability and autovacuum on, PostgreSQL's defaults, which
+    CloudNativePG keeps)."""
+    for doc in yaml.safe_load_all(PROD_POSTGRES.read_text()):
+        if doc and doc.get("kind") == "Cluster":
+            return {**servers.PRODUCTION, **doc["spec"]["postgresql"]["parameters"]}
+    raise RuntimeError(f"no CloudNativePG Cluster in {PROD_POSTGRES}")
+
+
+@contextlib.contextmanager
+def bench_servers() -> Iterator[dict[str, str]]:
+    """GIN_DATABASE_URL and GIN_AMQP_URL for a benchmark. BENCH_POSTGRES=production (the
+    default): a throwaway PostgreSQL of its own, set as production's (``production_conf``),
+    stopped and deleted on exit; a machine's server may run otherwise (this project's CI
+    machines run theirs with autovacuum off). BENCH_POSTGRES=machine: the configured or
+    standard server, as make test uses. RabbitMQ: the configured or standard one."""
+    urls = servers.ensure(ROOT / ".run" / "servers")
+    if BENCH_POSTGRES == "machine":
+        yield urls
+        return
+    state_dir = ROOT / ".run" / "bench" / f"postgres-{os.getpid()}"
+    entry = servers.start_postgres(
+        state_dir, servers.load_state(state_dir), servers.Installer(), 120, production_conf()
+    )
+    try:
+        yield {**urls, "GIN_DATABASE_URL": entry.url}
+    finally:
+        servers.stop(state_dir, purge=True)
+
+
 @contextlib.contextmanager
 def table_service(**settings: str) -> Iterator[Service]:
     """The real table service as a process on a database and broker prefix of its own, run
-    as production runs it (JSON lines at info, to .run/bench/); ready on entry, stopped and
-    its database and broker objects removed on exit. ``settings``: more GIN_* variables."""
-    urls = servers.ensure(ROOT / ".run" / "servers")
+    as production runs it (JSON lines at info, to .run/bench/; PostgreSQL as ``bench_servers``
+    gives it); ready on entry, stopped and its database and broker objects removed on exit.
+    ``settings``: more GIN_* variables."""
+    with bench_servers() as urls, _table_service(urls, settings) as service:
+        yield service
+
+
+@contextlib.contextmanager
+def _table_service(urls: dict[str, str], settings: dict[str, str]) -> Iterator[Service]:
     name = f"gin_bench_{uuid.uuid4().hex[:8]}"
     admin = urls["GIN_DATABASE_URL"]
     url = admin.rpartition("/")[0] + "/" + name
@@ -751,8 +792,33 @@ def main() -> None:
         measure(service.base, service.url, service.proc)
 
 
+async def postgres_settings(url: str) -> dict[str, str]:
+    """What the benchmark's PostgreSQL runs with, of what moves its figures."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT name, current_setting(name) AS value FROM pg_settings WHERE name = ANY($1)",
+            list(REPORTED_SETTINGS),
+        )
+    finally:
+        await conn.close()
+    return {row["name"]: row["value"] for row in rows}
+
+
+REPORTED_SETTINGS = (
+    "server_version",
+    "autovacuum",
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "shared_buffers",
+    "max_connections",
+)
+
+
 def measure(base: str, url: str, proc: subprocess.Popen[bytes]) -> None:
     """Every phase of BENCH_PHASES against the running service."""
+    emit(bench="postgres", which=BENCH_POSTGRES, **asyncio.run(postgres_settings(url)))
     raw: list[dict[str, Any]] = []
     saturated: list[dict[str, Any]] = []
     for n in range(ROUNDS):  # side by side, alternating: the machine's drift hits both

@@ -78,12 +78,12 @@ class Postgres:
         self.state_dir = state_dir
         self.owner = servers.owner_of(state_dir)
         self.entry = servers.start_postgres(
-            state_dir, servers.load_state(state_dir), servers.Installer(), 120
+            state_dir,
+            servers.load_state(state_dir),
+            servers.Installer(),
+            120,
+            conf={"synchronous_commit": synchronous_commit},
         )
-        conf = Path(self.entry.data_dir) / "postgresql.conf"
-        conf.write_text(conf.read_text() + f"\nsynchronous_commit = {synchronous_commit}\n")
-        self.stop(signal.SIGINT)
-        self.start()
 
     def start(self) -> None:
         """Start it again on its data and its port."""

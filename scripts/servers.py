@@ -753,7 +753,23 @@ def pg_owned_pid(entry: PgState, owner: str) -> int | None:
     return None
 
 
-def write_pg_conf(data_dir: Path, root: Path, port: int) -> None:
+# A throwaway server is for tests: nothing it holds must survive a crash, so it skips the
+# flushes. PRODUCTION's durability and housekeeping, for what measures or crashes it as
+# production runs (make bench, make chaos): ``start_postgres(..., conf=PRODUCTION)``.
+THROWAWAY = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+PRODUCTION = {
+    "fsync": "on",
+    "synchronous_commit": "on",
+    "full_page_writes": "on",
+    "autovacuum": "on",
+}
+
+
+def write_pg_conf(
+    data_dir: Path, root: Path, port: int, conf: Mapping[str, str] | None = None
+) -> None:
+    """gin.conf, included by postgresql.conf: where it listens, and THROWAWAY's settings
+    unless ``conf`` says otherwise (``conf`` may set any other parameter too)."""
     socket_dir = root / "sock"
     sockets = str(socket_dir) if len(str(socket_dir)) <= MAX_SOCKET_DIR_LEN else ""
     if not sockets:
@@ -768,9 +784,9 @@ def write_pg_conf(data_dir: Path, root: Path, port: int) -> None:
         f"port = {port}\n"
         f"unix_socket_directories = {quoted(sockets)}\n"
         "max_connections = 200\n"
-        "fsync = off\n"
-        "synchronous_commit = off\n"
-        "full_page_writes = off\n"
+        + "".join(
+            f"{name} = {quoted(value)}\n" for name, value in {**THROWAWAY, **(conf or {})}.items()
+        )
     )
     main_conf = data_dir / "postgresql.conf"
     include = "include_if_exists = 'gin.conf'"
@@ -779,7 +795,15 @@ def write_pg_conf(data_dir: Path, root: Path, port: int) -> None:
             handle.write(f"\n{include}\n")
 
 
-def start_postgres(state_dir: Path, state: State, installer: Installer, timeout: float) -> PgState:
+def start_postgres(
+    state_dir: Path,
+    state: State,
+    installer: Installer,
+    timeout: float,
+    conf: Mapping[str, str] | None = None,
+) -> PgState:
+    """A throwaway server under ``state_dir`` (its data kept for the next start), with
+    ``conf``'s parameters over THROWAWAY's (``write_pg_conf``)."""
     bindir = pg_bindir(installer)
     owner_tag = owner_of(state_dir)
     os_user: str | None = None
@@ -837,7 +861,7 @@ def start_postgres(state_dir: Path, state: State, installer: Installer, timeout:
 
     preferred = previous.port if previous else None
     (port,) = free_ports(1, [preferred])
-    write_pg_conf(data_dir, root, port)
+    write_pg_conf(data_dir, root, port, conf)
     entry = PgState(
         root=str(root),
         data_dir=str(data_dir),
