@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -72,6 +73,8 @@ COMMANDS = os.environ.get("BENCH_COMMANDS", "http")
 # Which PostgreSQL: "production" (a throwaway set as production's) or "machine" (bench_servers).
 BENCH_POSTGRES = os.environ.get("BENCH_POSTGRES", "production")
 PROD_POSTGRES = ROOT / "deploy" / "k8s" / "overlays" / "prod" / "postgres.yaml"
+# More of its parameters, "name=value;name=value" (log_min_duration_statement=20, say).
+BENCH_PG_SETTINGS = os.environ.get("BENCH_PG_SETTINGS", "")
 WINDOW_S = 5.0  # the p99 is also reported per window of this many seconds: the worst one
 
 
@@ -130,13 +133,14 @@ def cpu_per_move(
     return {k: round(v * 1000 / max(moves, 1), 3) for k, v in parts.items()}
 
 
-def machine_cpu() -> tuple[float, float]:
-    """The machine's CPU seconds so far, all cores: (busy, all). Busy is everything but idle
-    and I/O wait (the kernel's network and disk work included)."""
+def machine_cpu() -> tuple[float, float, float]:
+    """The machine's CPU seconds so far, all cores: (busy, all, stolen). Busy is everything
+    but idle, I/O wait and steal (the kernel's network and disk work included); stolen is the
+    time this virtual machine was ready to run but its host ran something else."""
     tick = os.sysconf("SC_CLK_TCK")
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    idle = fields[3] + fields[4]
-    return (sum(fields) - idle) / tick, sum(fields) / tick
+    idle, steal = fields[3] + fields[4], fields[7]
+    return (sum(fields) - idle - steal) / tick, sum(fields) / tick, steal / tick
 
 
 class CpuSpent:
@@ -151,11 +155,12 @@ class CpuSpent:
         self.machine = machine_cpu()
 
     def figures(self, moves: int) -> dict[str, Any]:
-        busy, all_ = (b - a for a, b in zip(self.machine, machine_cpu(), strict=True))
+        busy, all_, stolen = (b - a for a, b in zip(self.machine, machine_cpu(), strict=True))
         return {
             "cpu_ms_per_move": cpu_per_move(self.parts, cpu_seconds(self.pid), moves),
             "machine_cpu_ms_per_move": round(busy * 1000 / max(moves, 1), 3),
             "machine_busy_share": round(busy / all_, 3) if all_ else None,
+            "machine_stolen_share": round(stolen / all_, 3) if all_ else None,
         }
 
 
@@ -360,6 +365,11 @@ class Match:
         self.arrived: dict[tuple[int, int], float] = {}
         self.latencies: list[float] = []
         self.completed_at: list[float] = []  # when each latency sample completed
+        # Command to its own answer (HTTP, or the socket's result frame), and when each came:
+        # a slow answer is the service's or the database's; a slow event after a quick
+        # answer, the delivery's.
+        self.answers: list[float] = []
+        self.answered_at: list[float] = []
         self.moves = 0
         self.errors = 0
         self.acted = [-1, -1]  # the last view version each seat acted on
@@ -457,6 +467,9 @@ class Match:
         """A command's answer (sent at ``start``): counted, and its latency sample begun or
         completed; the view it brings."""
         self.moves += 1
+        now = time.perf_counter()
+        self.answers.append(now - start)
+        self.answered_at.append(now)
         if result.events:
             key = (seat, result.events[0].seq)
             arrived = self.arrived.pop(key, None)
@@ -473,12 +486,20 @@ def p99(samples: list[float]) -> float:
     return round(ordered[int(len(ordered) * 0.99)], 2)
 
 
-def windows_p99(matches: list[Match], start: float, end: float) -> list[float]:
-    """The p99 (ms) of the samples completed in each whole WINDOW_S of [start, end)."""
+def windows_p99(
+    matches: list[Match], start: float, end: float, answers: bool = False
+) -> list[float]:
+    """The p99 (ms) of the samples completed in each whole WINDOW_S of [start, end) (of the
+    command-to-answer samples with ``answers``)."""
     count = int((end - start) // WINDOW_S)
     buckets: list[list[float]] = [[] for _ in range(count)]
     for m in matches:
-        for at, latency in zip(m.completed_at, m.latencies, strict=True):
+        samples = (
+            zip(m.answered_at, m.answers, strict=True)
+            if answers
+            else zip(m.completed_at, m.latencies, strict=True)
+        )
+        for at, latency in samples:
             k = int((at - start) // WINDOW_S)
             if 0 <= k < count:
                 buckets[k].append(latency * 1000)
@@ -486,11 +507,12 @@ def windows_p99(matches: list[Match], start: float, end: float) -> list[float]:
 
 
 async def play(
-    base: str, think_s: float, flood_per_s: float = 0.0, flood_connections: int = 8
+    base: str, pid: int, think_s: float, flood_per_s: float = 0.0, flood_connections: int = 8
 ) -> dict[str, Any]:
-    """N matches at once for SECONDS: the service's figures. With ``flood_per_s``, a
-    non-seated identity floods the first match's table that often, from its own process, on
-    ``flood_connections`` connections."""
+    """N matches at once for SECONDS: the service's figures, and what its moves cost the
+    machine (``CpuSpent`` over the same SECONDS; ``pid``: the service's). With
+    ``flood_per_s``, a non-seated identity floods the first match's table that often, from
+    its own process, on ``flood_connections`` connections."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         matches = [Match(base, session, n, think_s) for n in range(MATCHES)]
@@ -521,12 +543,14 @@ async def play(
             assert flooder.stdout is not None  # its start-up and connections are no flood
             await asyncio.wait_for(flooder.stdout.readline(), 60)
         collected = await gc_pauses(session, base)
+        spent = CpuSpent(pid)
         start = time.perf_counter()
         moved = sum(m.moves for m in matches)
         await asyncio.sleep(SECONDS)
         end = time.perf_counter()
         # The round's moves: not those before it, nor those while the flooder ends.
         moves = sum(m.moves for m in matches) - moved
+        cost = spent.figures(moves)
         after = await gc_pauses(session, base)
         elapsed = end - start
         flood: dict[str, Any] = {}
@@ -544,6 +568,12 @@ async def play(
         if start <= at < end
     )
     windows = windows_p99(matches, start, end)
+    answered = sorted(
+        x * 1000
+        for m in matches
+        for x, at in zip(m.answers, m.answered_at, strict=True)
+        if start <= at < end
+    )
     return {
         "bench": "table_moves",
         "commands_over": COMMANDS,
@@ -555,6 +585,10 @@ async def play(
         "command_to_opponent_ws_p99_ms": round(lat[int(len(lat) * 0.99)], 2),
         "p99_worst_window_ms": max(windows, default=None),
         "p99_by_window_ms": windows,
+        # Command to its own answer: the service's and the database's part of the above.
+        "command_to_answer_p50_ms": round(answered[len(answered) // 2], 2),
+        "command_to_answer_p99_ms": round(answered[int(len(answered) * 0.99)], 2),
+        "answer_p99_by_window_ms": windows_p99(matches, start, end, answers=True),
         # The service's full collections in the round: how many, and their mean pause.
         "service_full_gcs": _delta(collected, after, "2"),
         # Timers of the service's loop that ran late past each edge (ms) in the round.
@@ -562,6 +596,7 @@ async def play(
             str(int(float(e) * 1000)): _delta(collected, after, f"lag>{e}")["count"]
             for e in LAG_EDGES
         },
+        **cost,
         "refused": sum(m.errors for m in matches),
         "n": moves,
         "moves_per_match_min_median_max": [
@@ -610,7 +645,7 @@ def measured_round(url: str, base: str, pid: int, *args: Any) -> dict[str, Any]:
     before = asyncio.run(autovacuums(url))
     cpu = cpu_seconds(pid).get(pid, ("service", 0.0))[1]
     began = time.perf_counter()
-    figures = asyncio.run(published(url, uvloop.run(play(base, *args))))
+    figures = asyncio.run(published(url, uvloop.run(play(base, pid, *args))))
     cpu = cpu_seconds(pid).get(pid, ("service", 0.0))[1] - cpu
     figures["service_cpu_ms_per_s"] = round(cpu * 1000 / (time.perf_counter() - began), 1)
     after = asyncio.run(autovacuums(url))
@@ -726,12 +761,19 @@ def bench_servers() -> Iterator[dict[str, str]]:
         yield urls
         return
     state_dir = ROOT / ".run" / "bench" / f"postgres-{os.getpid()}"
+    conf = production_conf() | dict(
+        setting.split("=", 1) for setting in BENCH_PG_SETTINGS.split(";") if setting
+    )
     entry = servers.start_postgres(
-        state_dir, servers.load_state(state_dir), servers.Installer(), 120, production_conf()
+        state_dir, servers.load_state(state_dir), servers.Installer(), 120, conf
     )
     try:
         yield {**urls, "GIN_DATABASE_URL": entry.url}
     finally:
+        servers.stop(state_dir)
+        kept = ROOT / ".run" / "bench" / "postgres.log"
+        shutil.copyfile(Path(entry.root) / "log" / "postgres.log", kept)
+        print(f"bench: the benchmark's PostgreSQL logged to {kept}", file=sys.stderr)
         servers.stop(state_dir, purge=True)
 
 
@@ -833,17 +875,12 @@ def measure(base: str, url: str, proc: subprocess.Popen[bytes]) -> None:
                 **raw[-1],
             )
         if "saturated" in PHASES:  # every player answers at once
-            spent = CpuSpent(proc.pid)
-            figures = measured_round(url, base, proc.pid, 0.0)
-            saturated.append({**figures, **spent.figures(figures["n"])})
+            saturated.append(measured_round(url, base, proc.pid, 0.0))
             emit(round=n, **saturated[-1])
     if raw and saturated:
         emit(bench="table_vs_raw", rounds=ROUNDS, **side_by_side(raw, saturated))
     if "paced" in PHASES:  # people: a moment's thought before each move, right after
-        before = cpu_seconds(proc.pid)
-        figures = measured_round(url, base, proc.pid, THINK_S)
-        cpu = cpu_per_move(before, cpu_seconds(proc.pid), figures["n"])
-        emit(**figures, cpu_ms_per_move=cpu)
+        emit(**measured_round(url, base, proc.pid, THINK_S))
     if "flood" in PHASES:
         flood_rounds(url, base, proc.pid)
 
