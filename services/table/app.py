@@ -12,10 +12,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.table.bot_turns import BotTurnResend
+from services.table.commits import GroupCommit
 from services.table.consumer import CommandConsumer
 from services.table.dev_page import add_dev_page
 from services.table.http import (
     COMMITTED,
+    GROUP_COMMIT,
     METRICS,
     TABLES,
     CommandMetrics,
@@ -67,6 +69,7 @@ def create_app(
     )
     app[COMMITTED] = lambda change: _committed(app, change)
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
+    app.cleanup_ctx.append(_group_commit)
     app.cleanup_ctx.append(_broker)
     app.on_shutdown.append(_close_sockets)
     add_routes(app, settings.dev_tokens)
@@ -75,6 +78,20 @@ def create_app(
         add_dev_page(app)
     service.add_health(app)
     return app
+
+
+async def _group_commit(app: web.Application) -> AsyncIterator[None]:
+    """People's commands on remembered rows, saved many to a statement (``commits.py``)."""
+    settings = app[SETTINGS]
+    app[GROUP_COMMIT] = GroupCommit(
+        app[POOL],
+        app[COMMITTED],
+        app[REGISTRY],
+        statements=settings.group_commit_statements,
+        most=settings.group_commit_changes,
+    )
+    yield
+    await app[GROUP_COMMIT].close()
 
 
 async def _broker(app: web.Application) -> AsyncIterator[None]:
@@ -135,7 +152,7 @@ async def _relay_only(app: web.Application) -> AsyncIterator[None]:
     await app[BROKER].close()
 
 
-async def _committed(app: web.Application, change: Change) -> None:
+def _committed(app: web.Application, change: Change) -> None:
     """After a commit: the relay is woken to publish its outbox rows, and the hub is handed
     the change to deliver to this replica's sockets after the answer. Neither waits on a
     socket, and neither may fail the command: it is committed, and the relay's poll and the

@@ -9,7 +9,7 @@ applied. Commands are applied concurrently (each locks its own table's row).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import asyncpg
 import structlog
@@ -45,7 +45,7 @@ class CommandConsumer:
         pool: asyncpg.Pool,
         tables: Tables,
         prefix: str,
-        committed: Callable[[Change], Awaitable[None]],
+        committed: Callable[[Change], None],
         metrics: ConsumerMetrics,
     ) -> None:
         self.tables = tables
@@ -79,6 +79,6 @@ class CommandConsumer:
     async def applied(self, queued: QueuedCommand, change: Change | None) -> None:
         """After the commit: the relay and this replica's sockets are told."""
         if change is not None:
-            await self.committed(change)
+            self.committed(change)
         outcome = "queued_command_applied" if change else "queued_command_repeated"
         log.info(outcome, source=queued.source, type=type(queued.command).__name__)

@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.table import store
+from services.table.commits import GroupCommit
 from services.table.store import Change
 from services.table.tables import Actor, Tables
 from shared.contracts.api import (
@@ -47,9 +48,10 @@ T = TypeVar("T")
 TABLES = web.AppKey("tables", Tables)
 # Called with each committed change: the relay is woken and the WebSocket hub is handed it
 # (delivered after the answer); it never raises, so a committed command never answers an error.
-Committed = Callable[[Change], Awaitable[None]]
+Committed = Callable[[Change], None]
 SitDown = Callable[[Tables, Conn, str, Identity], Awaitable[tuple[CommandResult, Change]]]
 COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
+GROUP_COMMIT = web.AppKey("group_commit", GroupCommit)
 VERIFIER = web.AppKey("verifier", Verifier)
 LIMITS = web.AppKey("rate_limits", RateLimiter)
 _json = msgspec.json.Encoder()
@@ -138,7 +140,7 @@ async def create_table(request: web.Request) -> web.Response:
     await limit(request, "tables", identity)
     async with request.app[POOL].acquire() as conn, conn.transaction():
         created, change = await request.app[TABLES].create(conn, identity, body.options.plain())
-    await request.app[COMMITTED](change)
+    request.app[COMMITTED](change)
     structlog.contextvars.bind_contextvars(table_id=created.table_id)
     log.info("table_created")
     return json_bytes(_json.encode(created), status=201)
@@ -173,7 +175,7 @@ async def _take_seat(request: web.Request, identity: Identity | None, sit: SitDo
     assert identity is not None
     async with request.app[POOL].acquire() as conn, conn.transaction():
         result, change = await sit(request.app[TABLES], conn, request.match_info["id"], identity)
-    await request.app[COMMITTED](change)
+    request.app[COMMITTED](change)
     return json_bytes(_json.encode(result))
 
 
@@ -190,9 +192,10 @@ async def get_table(request: web.Request) -> web.Response:
 
 
 async def run_command(request: web.Request, command: Any, identity: Identity) -> bytes:
-    """Apply one person's command, with metrics and log context: in one statement on the
-    table's remembered row when it is current, else in a transaction that locks and reads it
-    (its sender's limits are the caller's: ``counted_command``)."""
+    """Apply one person's command, with metrics and log context: on the table's remembered
+    row when it is current, saved by the group commit (which hands the change on), else in a
+    transaction that locks and reads it (its sender's limits are the caller's:
+    ``counted_command``)."""
     app = request.app
     kind = type(command).__name__
     structlog.contextvars.bind_contextvars(command_id=command.command_id)
@@ -203,19 +206,17 @@ async def run_command(request: web.Request, command: Any, identity: Identity) ->
     tables = app[TABLES]
     try:
         tables.refuse_from_memory(table_id, actor, command)
-        change: Change | None
-        async with app[POOL].acquire() as conn:
-            at_once = await tables.command_at_once(conn, table_id, actor, command)
-            if at_once is not None:
-                result, change = at_once
-                app[METRICS].ways.labels("one_statement").inc()
-            else:
-                async with conn.transaction():
-                    result, change = await tables.command(conn, table_id, actor, command)
-                app[METRICS].ways.labels("locked").inc()
+        at_once = await tables.command_at_once(app[GROUP_COMMIT].save, table_id, actor, command)
+        if at_once is not None:
+            app[METRICS].ways.labels("one_statement").inc()
+            outcome = "applied"
+            return at_once[0]
+        async with app[POOL].acquire() as conn, conn.transaction():
+            result, change = await tables.command(conn, table_id, actor, command)
+        app[METRICS].ways.labels("locked").inc()
         outcome = "applied"
         if change is not None:
-            await app[COMMITTED](change)
+            app[COMMITTED](change)
         return result
     finally:
         app[METRICS].count.labels(kind, outcome).inc()

@@ -214,36 +214,65 @@ SELECT $1, h.hand, h.record::jsonb FROM unnest($18::int[], $19::text[]) AS h(han
 """
 
 
-# The same writes, done only if the table is still at ``$21`` and the mover's deck design is
-# still ``$23``: a command applied to a remembered row commits in this one statement, with no
-# lock taken first (a commit elsewhere since makes it write nothing, and the caller takes the
-# locked way). A command_id the actor used already fails the statement (a unique violation)
-# and writes nothing either.
-_SAVE_IF = """
-WITH moved AS (
-    UPDATE tables SET seats = $2::jsonb, status = $3, state = $4, version = $5, seq = $6,
-        last_move_at = $7, bot_turn_due_at = $20
-    WHERE table_id = $1 AND version = $21
-        AND (SELECT deck_design FROM preferences WHERE player_id = $22) IS NOT DISTINCT FROM $23
-    RETURNING 1 AS one
+class Attempt(msgspec.Struct, frozen=True, kw_only=True):
+    """A change built on a remembered row, to be saved only if that row is still the table's:
+    the table still at ``version``, the mover's deck design still ``design`` (the change's
+    views were built for it) and the actor's command id not used already."""
+
+    change: Change
+    version: int
+    player: str
+    design: str | None
+
+
+# Every change of ``attempts`` that is still current, in one statement (no transaction
+# around it, no lock taken first): each table's row is updated only if it is still at the
+# version the change was built on, the mover's deck design the one its views were built for,
+# and the actor's command id new; the rows of the others are written only where their table's
+# was. A commit elsewhere since makes a change write nothing (the caller takes the locked way).
+# Outbox rows keep their order (ordinality): the relay publishes a table's events by id.
+_SAVE_IF_CURRENT = """
+WITH x AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[],
+        $6::text[], $7::bytea[], $8::int[], $9::bigint[], $10::timestamptz[],
+        $11::timestamptz[], $12::text[], $13::text[], $14::text[])
+        AS x(table_id, expected, player, design, seats, status, state, version, seq,
+            last_move_at, bot_turn_due_at, command_id, actor, result)
+), moved AS (
+    UPDATE tables t SET seats = x.seats::jsonb, status = x.status, state = x.state,
+        version = x.version, seq = x.seq, last_move_at = x.last_move_at,
+        bot_turn_due_at = x.bot_turn_due_at
+    FROM x
+    WHERE t.table_id = x.table_id AND t.version = x.expected
+        AND (SELECT deck_design FROM preferences p WHERE p.player_id = x.player)
+            IS NOT DISTINCT FROM x.design
+        AND NOT EXISTS (SELECT FROM commands c WHERE c.table_id = x.table_id
+            AND c.actor = x.actor AND c.command_id = x.command_id)
+    RETURNING t.table_id
 ), logged AS (
     INSERT INTO events (table_id, seq, type, envelope)
-    SELECT $1, x.seq, x.type, x.envelope::jsonb
-    FROM moved, unnest($8::bigint[], $9::text[], $10::text[]) AS x(seq, type, envelope)
+    SELECT e.table_id, e.seq, e.type, e.envelope::jsonb
+    FROM unnest($15::text[], $16::bigint[], $17::text[], $18::text[])
+        AS e(table_id, seq, type, envelope)
+    WHERE e.table_id IN (SELECT table_id FROM moved)
 ), queued AS (
     INSERT INTO outbox (exchange, routing_key, body, message_id)
-    SELECT x.exchange, x.routing_key, x.body, x.message_id
-    FROM moved, unnest($11::text[], $12::text[], $13::bytea[], $14::text[])
-        AS x(exchange, routing_key, body, message_id)
+    SELECT o.exchange, o.routing_key, o.body, o.message_id
+    FROM unnest($19::text[], $20::text[], $21::text[], $22::bytea[], $23::text[])
+        WITH ORDINALITY AS o(table_id, exchange, routing_key, body, message_id, n)
+    WHERE o.table_id IN (SELECT table_id FROM moved)
+    ORDER BY o.n
 ), answered AS (
     INSERT INTO commands (table_id, command_id, actor, result)
-    SELECT $1, $15, $16, $17 FROM moved WHERE $15::text IS NOT NULL
+    SELECT x.table_id, x.command_id, x.actor, x.result
+    FROM x WHERE x.command_id IS NOT NULL AND x.table_id IN (SELECT table_id FROM moved)
 ), ended AS (
     INSERT INTO hands (table_id, hand, record)
-    SELECT $1, h.hand, h.record::jsonb
-    FROM moved, unnest($18::int[], $19::text[]) AS h(hand, record)
+    SELECT h.table_id, h.hand, h.record::jsonb
+    FROM unnest($24::text[], $25::int[], $26::text[]) AS h(table_id, hand, record)
+    WHERE h.table_id IN (SELECT table_id FROM moved)
 )
-SELECT count(*) FROM moved
+SELECT table_id FROM moved
 """
 
 
@@ -253,14 +282,54 @@ async def save_change(conn: Conn, change: Change) -> None:
     await conn.execute(_SAVE, *_save_args(change))
 
 
-async def save_change_if(
-    conn: Conn, change: Change, version: int, player_id: str, deck_design: str | None
-) -> bool:
-    """``save_change`` in one statement of its own (no transaction around it), if the table
-    is still at ``version`` and the player's deck design still ``deck_design``; whether it
-    was. A command_id the actor used already raises asyncpg's UniqueViolationError."""
-    args = (*_save_args(change), version, player_id, deck_design)
-    return bool(await conn.fetchval(_SAVE_IF, *args))
+async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
+    """``save_change`` of each attempt still current (``Attempt``), all in one statement of
+    its own (no transaction around it: it commits); the table ids of those saved."""
+    moves: list[tuple[object, ...]] = []
+    events: list[tuple[object, ...]] = []
+    outbox: list[tuple[object, ...]] = []
+    hands: list[tuple[object, ...]] = []
+    for attempt in attempts:
+        change = attempt.change
+        row = change.row
+        table_id = row.table_id
+        moves.append(
+            (
+                table_id,
+                attempt.version,
+                attempt.player,
+                attempt.design,
+                _json.encode(row.seats).decode(),
+                row.status,
+                None if row.state is None else _state_encoder.encode(row.state),
+                row.version,
+                row.seq,
+                row.last_move_at,
+                change.bot_turn_due_at,
+                change.command_id,
+                change.actor,
+                None if change.result is None else change.result.decode(),
+            )
+        )
+        events += (
+            (table_id, e.seq, e.type, body.decode())
+            for e, body in zip(change.envelopes, change.encoded, strict=True)
+        )
+        outbox += ((table_id, *message) for message in change.outbox)
+        hands += ((table_id, hand, record.decode()) for hand, record in change.hands)
+    columns = (
+        *_columns(moves, 14),
+        *_columns(events, 4),
+        *_columns(outbox, 5),
+        *_columns(hands, 3),
+    )
+    saved = await conn.fetch(_SAVE_IF_CURRENT, *columns)
+    return {record[0] for record in saved}
+
+
+def _columns(rows: list[tuple[object, ...]], width: int) -> list[list[object]]:
+    """Rows as their columns (each the array of an ``unnest``), ``width`` of them."""
+    return [list(column) for column in zip(*rows, strict=True)] or [[] for _ in range(width)]
 
 
 def _save_args(change: Change) -> tuple[object, ...]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-import asyncpg
 import msgspec
 
 from services.table import store
@@ -45,6 +44,7 @@ from shared.infra.web import Refused
 BOT_NAMES: dict[BotLevel, str] = {"tito": "TITO", "carmen": "CARMEN", "luna": "LUNA"}
 _json = msgspec.json.Encoder()
 Shuffle = Callable[[], tuple[list[int], str, int]]
+SaveIfCurrent = Callable[[store.Attempt], Awaitable[bool]]
 SEATINGS_KEPT = 100_000  # full seatings remembered per replica (some 200 bytes each)
 ROWS_KEPT = 20_000  # committed rows remembered per replica (some 3 KiB each)
 
@@ -259,14 +259,15 @@ class Tables:
             self.rows.popitem(last=False)
 
     async def command_at_once(
-        self, conn: Conn, table_id: str, actor: Actor, cmd: c.Command
+        self, save: SaveIfCurrent, table_id: str, actor: Actor, cmd: c.Command
     ) -> tuple[bytes, store.Change] | None:
-        """A person's command applied to the table's remembered row and saved in one
-        statement, outside any transaction, if the table is still at that version (and the
-        person's deck design as remembered); None when it is not for this way: nothing
-        remembered, a refusal, a version or design moved on, a command_id used already.
-        The caller then takes the locked way (``command``), which refuses or answers a
-        repeated command_id as it always did: this way only ever applies."""
+        """A person's command applied to the table's remembered row and saved by ``save``
+        (``GroupCommit.save``: in one statement, outside any transaction, with others) if the
+        table is still at that version (and the person's deck design as remembered); None
+        when it is not for this way: nothing remembered, a refusal, a version or design moved
+        on, a command_id used already, another command at the table under way. The caller
+        then takes the locked way (``command``), which refuses or answers a repeated
+        command_id as it always did: this way only ever applies."""
         remembered = self.rows.get(table_id)
         player = actor.identity.id if actor.identity is not None else None
         if remembered is None or player is None or player not in self.designs:
@@ -288,11 +289,10 @@ class Tables:
         )
         if cmd.command_id is not None:
             change.command_id, change.actor, change.result = cmd.command_id, actor.label, result
-        try:
-            applied = await store.save_change_if(conn, change, remembered.version, player, design)
-        except asyncpg.UniqueViolationError:  # this actor's command_id: its first result
-            applied = False
-        if not applied:
+        attempt = store.Attempt(
+            change=change, version=remembered.version, player=player, design=design
+        )
+        if not await save(attempt):
             self.rows.pop(table_id, None)
             return None
         return result, change

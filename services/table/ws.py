@@ -54,6 +54,7 @@ from shared.contracts.envelope import Envelope, envelope_decoder
 from shared.contracts.names import EVENTS_EXCHANGE, SOCKETS_EXCHANGE
 from shared.contracts.views import TableView
 from shared.infra.auth import AuthError, Identity
+from shared.infra.ops import count_buckets
 from shared.infra.service import POOL, SETTINGS
 
 log = structlog.get_logger()
@@ -125,7 +126,7 @@ class SocketMetrics:
             "gin_websocket_send_queue_depth",
             "Frames in a socket's send queue, seen as each frame is queued",
             registry=registry,
-            buckets=depth_buckets(bound),
+            buckets=count_buckets(bound),
         )
         self.queued_bytes = Gauge(
             "gin_websocket_queued_bytes",
@@ -137,16 +138,6 @@ class SocketMetrics:
             f"Sockets closed with {CLOSE_TOO_SLOW}: their send queue was full",
             registry=registry,
         )
-
-
-def depth_buckets(bound: int) -> tuple[float, ...]:
-    """Powers of two up to the queue's bound, and the bound itself: nothing lands past it.
-
-    >>> depth_buckets(10)
-    (1.0, 2.0, 4.0, 8.0, 10.0)
-    """
-    edges = {float(1 << n) for n in range(bound.bit_length()) if 1 << n < bound}
-    return tuple(sorted(edges | {float(max(bound, 1))}))
 
 
 class Hub:

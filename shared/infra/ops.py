@@ -58,6 +58,17 @@ def add_ops_routes(app: web.Application, checks: Mapping[str, Check]) -> None:
     app.router.add_get("/metrics", metrics)
 
 
+def count_buckets(bound: int) -> tuple[float, ...]:
+    """Buckets for a count that never passes ``bound`` (a queue's depth, a batch's size):
+    powers of two below it, and the bound itself.
+
+    >>> count_buckets(10)
+    (1.0, 2.0, 4.0, 8.0, 10.0)
+    """
+    edges = {float(1 << n) for n in range(bound.bit_length()) if 1 << n < bound}
+    return tuple(sorted(edges | {float(max(bound, 1))}))
+
+
 # A client may send any method token: the others share one label, so none adds series.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

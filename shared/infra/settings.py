@@ -51,6 +51,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Committed table rows a table replica remembers: a person's command at one of them is
     # applied to it and saved in one statement (0: every command locks and reads its row).
     table_rows_kept: int = 20_000
+    # Those commands are saved many to a statement (services/table/commits.py): at most this
+    # many statements at once, each with at most this many changes (one at once when quiet).
+    group_commit_statements: int = 4
+    group_commit_changes: int = 64
     ws_send_queue: int = 256  # frames queued for one socket; a client past it is closed (4008)
     # Per-identity limits, valid across replicas: so many per window (seconds), then 429.
     rate_commands: int = 600
