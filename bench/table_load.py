@@ -27,6 +27,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -162,6 +163,54 @@ class CpuSpent:
             "machine_busy_share": round(busy / all_, 3) if all_ else None,
             "machine_stolen_share": round(stolen / all_, 3) if all_ else None,
         }
+
+
+class FlushProbe:
+    """What one durable write cost while a round ran: every ``interval`` s, 8 KiB written and
+    ``fdatasync``ed to a file under .run/bench (the disk of the benchmark's PostgreSQL and its
+    WAL), from a thread of its own; ``worst_by_window`` gives the slowest of each window (ms).
+    A window whose p99 stands far above the others', with a flush as slow, waited on the disk
+    (the kernel writing back an earlier round's pages, say), not on the service: a commit
+    waits for its WAL's flush."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
+        self.path = ROOT / ".run" / "bench" / f"flush-probe-{os.getpid()}"
+        self.samples: list[tuple[float, float]] = []  # (when it ended, seconds)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="flush-probe", daemon=True)
+
+    def __enter__(self) -> FlushProbe:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join()
+        self.path.unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        block = b"\0" * 8192
+        try:
+            while not self.stopping.wait(self.interval):
+                began = time.perf_counter()
+                os.pwrite(fd, block, 0)
+                os.fdatasync(fd)
+                ended = time.perf_counter()
+                self.samples.append((ended, ended - began))
+        finally:
+            os.close(fd)
+
+    def worst_by_window(self, start: float, end: float) -> list[float]:
+        """The slowest flush (ms) of each whole WINDOW_S of [start, end)."""
+        worst = [0.0] * int((end - start) // WINDOW_S)
+        for at, seconds in self.samples:
+            k = int((at - start) // WINDOW_S)
+            if 0 <= k < len(worst):
+                worst[k] = max(worst[k], round(seconds * 1000, 1))
+        return worst
 
 
 LAG_EDGES = ("0.025", "0.05", "0.1")  # loop lags counted past each, seconds
@@ -544,10 +593,11 @@ async def play(
             await asyncio.wait_for(flooder.stdout.readline(), 60)
         collected = await gc_pauses(session, base)
         spent = CpuSpent(pid)
-        start = time.perf_counter()
-        moved = sum(m.moves for m in matches)
-        await asyncio.sleep(SECONDS)
-        end = time.perf_counter()
+        with FlushProbe() as probe:
+            start = time.perf_counter()
+            moved = sum(m.moves for m in matches)
+            await asyncio.sleep(SECONDS)
+            end = time.perf_counter()
         # The round's moves: not those before it, nor those while the flooder ends.
         moves = sum(m.moves for m in matches) - moved
         cost = spent.figures(moves)
@@ -589,6 +639,8 @@ async def play(
         "command_to_answer_p50_ms": round(answered[len(answered) // 2], 2),
         "command_to_answer_p99_ms": round(answered[int(len(answered) * 0.99)], 2),
         "answer_p99_by_window_ms": windows_p99(matches, start, end, answers=True),
+        # The slowest 8 KiB write + fdatasync on the database's disk in each window.
+        "disk_flush_worst_by_window_ms": probe.worst_by_window(start, end),
         # The service's full collections in the round: how many, and their mean pause.
         "service_full_gcs": _delta(collected, after, "2"),
         # Timers of the service's loop that ran late past each edge (ms) in the round.
