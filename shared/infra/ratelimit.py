@@ -11,12 +11,13 @@ the limit. A check refuses when the last total learnt plus the counts not synced
 the limit; a refused request is not counted.
 
 A refusal is not answered at once (``admit``): an identity past its limit gets its refusals
-one per ``Holds.interval_s``, each held at most ``max_s``. A client that ignores Retry-After
-and asks again as soon as it is answered is so slowed to a few requests a second on each of
-its connections, and what it costs the replica falls with it (a held request costs a socket
-and a timer, no CPU): one that opens C connections is answered about 1 / interval_s + C /
-(0.75 max_s) times a second. Holding is bounded, over all identities and per identity; past
-those bounds a refusal is answered at once, as before holding.
+one per ``Holds.interval_s``, each held up to ``max_s``, and longer once the identity has
+more than ``crowd`` held at once. A client that ignores Retry-After and asks again as soon as
+it is answered is so slowed, and what it costs the replica falls with it (a held request
+costs a socket and a timer, no CPU; an answered one some 200 to 300 us of HTTP): on C
+connections it is answered about 1 / interval_s + min(C, crowd) / (0.75 max_s) times a
+second, however many connections it opens. Holding is bounded, over all identities and per
+identity; past those bounds a refusal is answered at once, as before holding.
 
 How far past its limit a window can go: a count reaches the table at its replica's next
 sync and another replica at that replica's next sync, so a replica may not know what the
@@ -101,13 +102,21 @@ class RateLimited(Exception):
         self.retry_after_s = retry_after_s
 
 
+# How much longer than ``max_s`` a crowded identity's refusal may be held, at the most (two
+# minutes at the default 5 s: a client's or a proxy's timeout is longer).
+MAX_STRETCH = 24.0
+
+
 class Holds:
     """Refusals held back. Each identity's refusals are answered one per ``interval_s``; one
     whose turn is more than ``max_s`` away is answered after between half ``max_s`` and
     ``max_s``, at random (so a flood that arrived at once is not answered at once, and sent
-    again at once, in lockstep every ``max_s``). At most ``max_held``
-    are held at once, ``max_held_per_identity`` of one identity; past those a refusal is
-    answered at once. ``release`` (at shutdown) answers them all."""
+    again at once, in lockstep every ``max_s``), stretched by n / ``crowd`` while the identity
+    has n > ``crowd`` held (``MAX_STRETCH`` at most): a client that opens more connections
+    gets no more answers for them (500 a second on 1,000 connections cost the players' p99
+    60% before; one does not hold a thousand requests to play). At most ``max_held`` are held
+    at once, ``max_held_per_identity`` of one identity (all of them, unless told); past those
+    a refusal is answered at once. ``release`` (at shutdown) answers them all."""
 
     def __init__(
         self,
@@ -117,14 +126,16 @@ class Holds:
         max_held_per_identity: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         uniform: Callable[[float, float], float] = random.uniform,
+        crowd: int = 20,
     ) -> None:
-        per_identity = max_held // 4 if max_held_per_identity is None else max_held_per_identity
-        if min(interval_s, max_s, max_held, per_identity) < 0:
-            raise ValueError("interval_s, max_s and the bounds must not be negative")
+        per_identity = max_held if max_held_per_identity is None else max_held_per_identity
+        if min(interval_s, max_s, max_held, per_identity) < 0 or crowd < 1:
+            raise ValueError("interval_s, max_s and the bounds must not be negative, crowd >= 1")
         self.interval_s = interval_s
         self.max_s = max_s
         self.max_held = max_held
         self.max_held_per_identity = per_identity
+        self.crowd = crowd
         self.clock = clock
         self.uniform = uniform
         self.held = 0
@@ -140,7 +151,8 @@ class Holds:
         now = self.clock()
         at = max(now, self._next.get(key, now))
         if at - now > self.max_s:  # past the schedule's reach: held about as long as any
-            wait = self.uniform(self.max_s / 2, self.max_s)
+            crowded = (self._held_by.get(key, 0) + 1) / self.crowd
+            wait = self.uniform(self.max_s / 2, self.max_s) * min(max(1.0, crowded), MAX_STRETCH)
         else:
             wait = at - now
             if wait <= 0 or self._has_room(key):
@@ -258,7 +270,10 @@ class RateLimiter:
             "refusals": Limit(settings.rate_refusals, settings.rate_refusals_window_s),
         }
         holds = Holds(
-            settings.rate_hold_interval_s, settings.rate_hold_max_s, settings.rate_holds_max
+            settings.rate_hold_interval_s,
+            settings.rate_hold_max_s,
+            settings.rate_holds_max,
+            crowd=settings.rate_hold_crowd,
         )
         return cls(pool, limits, settings.rate_sync_s, registry=registry, holds=holds)
 

@@ -68,11 +68,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_refusals: int = 60  # commands refused for what they are (4xx): a spectator's, say
     rate_refusals_window_s: float = 60.0
     rate_sync_s: float = 0.2  # how often a replica shares its counts with the others
-    # Past its limit, an identity's refusals are answered one per interval, each held at most
+    # Past its limit, an identity's refusals are answered one per interval, each held up to
     # hold_max_s, at most holds_max held at once (ratelimit.Holds); the rest are answered at once.
     rate_hold_interval_s: float = 0.2
     rate_hold_max_s: float = 5.0
     rate_holds_max: int = 2000
+    # Past this many held at once for one identity, each of its holds lasts longer in
+    # proportion (at most 24 times hold_max_s): more connections get it no more answers.
+    rate_hold_crowd: int = 20
     # The table service's outbox relay runs in a process of its own (``python -m
     # services.table.relay``, the gin-table-relay Deployment): a replica only wakes it.
     relay_apart: bool = False
@@ -90,6 +93,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # What survives a full collection is frozen (the next scans only what is new); everything
     # is thawed and collected once this often (0: nothing frozen after the start).
     gc_thaw_s: float = 3600.0
+    # With gc_thaw_s on, a full collection this often (0: when Python's thresholds say), so
+    # that each scans only what came in that while: short pauses instead of rare long ones.
+    gc_full_every_s: float = 1.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:

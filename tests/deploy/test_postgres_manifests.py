@@ -137,7 +137,7 @@ def test_the_runbook_restores_from_the_backups_to_a_point_in_time() -> None:
     assert restored["metadata"]["name"] != production["metadata"]["name"], "beside, not over"
     assert restored["metadata"]["namespace"] == NAMESPACES["prod"]
     spec = restored["spec"]
-    for same in ("imageName", "inheritedMetadata", "instances", "storage"):
+    for same in ("imageName", "inheritedMetadata", "instances", "storage", "walStorage"):
         assert spec[same] == production["spec"][same], same
     recovery = spec["bootstrap"]["recovery"]
     target = recovery["recoveryTarget"]["targetTime"]

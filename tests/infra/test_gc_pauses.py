@@ -59,6 +59,28 @@ async def test_survivors_of_a_full_collection_are_frozen_and_all_thawed_on_sched
         gc.unfreeze()
 
 
+async def test_a_full_collection_comes_every_gc_full_every_s_and_freezes_what_came() -> None:
+    """No collection is asked for here (and 5,000 new lists set off none of Python's own full
+    ones): the policy's own, every 0.2 s, freezes them."""
+    app = web.Application()
+    app[SETTINGS] = Settings(gc_thaw_s=3600.0, gc_full_every_s=0.2)
+    app.cleanup_ctx.append(young_heap)
+    gc.unfreeze()
+    gc.collect()
+    frozen = gc.get_freeze_count()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        survivors = [[n] for n in range(5000)]
+        async with asyncio.timeout(3):
+            while gc.get_freeze_count() < frozen + len(survivors):
+                await asyncio.sleep(0.05)
+        assert survivors[-1] == [4999]
+    finally:
+        await runner.cleanup()
+        gc.unfreeze()
+
+
 async def test_a_loop_held_by_a_long_pass_shows_in_the_loop_lag() -> None:
     app = web.Application()
     registry = CollectorRegistry()

@@ -439,7 +439,7 @@ async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
     assert limiter.sync_s == 0.5
     holds = limiter.holds
     assert (holds.interval_s, holds.max_s, holds.max_held) == (0.3, 4.0, 40)
-    assert holds.max_held_per_identity == 10
+    assert (holds.max_held_per_identity, holds.crowd) == (40, 20)  # one may take them all
     with pytest.raises(KeyError):
         limiter.check("chats", "ann")
 
@@ -475,6 +475,31 @@ async def test_holds_are_bounded_per_identity_and_over_all() -> None:
     async with asyncio.timeout(5):  # not the 30 s of their turn
         assert await asyncio.gather(*waiting) == [True, True, True]
     assert await holds.hold("d") is False  # released: nothing is held any more
+
+
+async def test_a_crowded_identitys_holds_last_longer_in_proportion_up_to_a_bound() -> None:
+    """Past ``crowd`` held at once, an identity's next refusal is held n / crowd times as long
+    (``MAX_STRETCH`` times at most): more connections get it no more answers a second."""
+    holds = Holds(30.0, 0.02, 100, clock=Clock(), uniform=lambda low, high: high, crowd=2)
+    assert await holds.hold("flooder") is True  # its first: at once, the next due in 30 s
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    ended: list[float] = []
+
+    async def held() -> None:
+        assert await holds.hold("flooder") is True
+        ended.append(loop.time() - began)
+
+    tasks = [asyncio.create_task(held()) for _ in range(60)]
+    await asyncio.sleep(0)
+    assert holds.held == 60
+    other = await asyncio.wait_for(holds.hold("someone-else"), 1)  # a first: never held
+    assert other is True
+    await asyncio.gather(*tasks)
+    ended.sort()
+    assert ended[1] < 0.02 * 1.5  # the first two of the crowd: max_s
+    assert 0.02 * 24 * 0.9 <= ended[-1] < 0.02 * 24 * 1.5  # 60 / 2 = 30 times: 24 at most
+    assert 0.02 * 10 * 0.9 <= ended[19] < 0.02 * 10 * 1.5 + 0.05  # the 20th: 10 times
 
 
 async def test_a_client_that_asks_again_at_once_is_answered_no_faster_than_the_holds(
