@@ -69,6 +69,12 @@ FLOOD_ROUNDS = int(os.environ.get("BENCH_FLOOD_ROUNDS", "4"))
 FLOOD_CONNECTIONS = [
     int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "8,100,1000").split(",")
 ]
+# synchronous_commit for the flood rounds, on the benchmark's own server: "off" (the default)
+# sets the commit's flush aside. A flooder's refusals never touch the disk, and this machine's
+# disk stalls a flush 50 to 250 ms a few times a minute, in the quiet and the flooded rounds
+# at random: with "on" (production's) those stalls, not the flood, decide the ratio. The
+# players' tail with durable commits is the paced round's, reported beside the disk's flushes.
+FLOOD_COMMIT = os.environ.get("BENCH_FLOOD_COMMIT", "off")
 # As production runs it (deploy/k8s): the table service with GIN_RELAY_APART and its outbox
 # relay a process of its own (services.table.relay), counted as the part "relay"; 0: the
 # relay inside the service.
@@ -968,37 +974,63 @@ def side_by_side(raw: list[dict[str, Any]], saturated: list[dict[str, Any]]) -> 
     }
 
 
+async def synchronous_commit(url: str, value: str) -> str:
+    """Set the server's synchronous_commit (every session, at once: a reload), unless the
+    server is not the benchmark's own; what it is then."""
+    conn = await asyncpg.connect(url)
+    try:
+        if BENCH_POSTGRES == "production":  # a throwaway of this run's: ours to set
+            await conn.execute(f"ALTER SYSTEM SET synchronous_commit = {value}")
+            await conn.execute("SELECT pg_reload_conf()")
+            await asyncio.sleep(0.5)  # every backend reads it at its next command
+        shown: str = await conn.fetchval("SHOW synchronous_commit")
+    finally:
+        await conn.close()
+    return shown
+
+
 def flood_rounds(url: str, base: str, pid: int) -> None:
     """For each BENCH_FLOOD_CONNECTIONS count: paced play (BENCH_FLOOD_THINK_S) alone and
     with a non-seated identity offering BENCH_FLOOD_PER_S commands to one of its tables on that
     many connections, alternating ABBA (the machine's drift hits both); the ratio of the
-    median p99s, and of the median worst-window p99s: what the flood costs the seated players."""
-    for connections in FLOOD_CONNECTIONS:
-        quiet: list[dict[str, Any]] = []
-        flooded: list[dict[str, Any]] = []
-        for n in range(FLOOD_ROUNDS):
-            pair = [(0.0, quiet), (FLOOD_PER_S, flooded)]
-            for rate, rounds in pair if n % 2 == 0 else pair[::-1]:  # ABBA: neither first
-                figures = measured_round(url, base, pid, FLOOD_THINK_S, rate, connections)
-                rounds.append(figures)
-                emit(round=n, phase="flood" if rate else "quiet", **figures)
-        emit(
-            bench="flood_vs_quiet",
-            rounds=FLOOD_ROUNDS,
-            flood_per_s=FLOOD_PER_S,
-            flood_connections=connections,
-            think_s=FLOOD_THINK_S,
-            flooder_nice=FLOOD_NICE,
-            flood_answered_per_s=[f["flood"]["per_s"] for f in flooded],
-            **_ratio(quiet, flooded, "command_to_opponent_ws_p99_ms", "p99"),
-            # Every round's samples together: a p99 of some 16,000 latencies a side, steadier
-            # than the median of four rounds' p99s (a round's moves some 30% on its own).
-            **_pooled(quiet, flooded),
-            **_ratio(quiet, flooded, "p99_worst_window_ms", "worst_window_p99"),
-            # What the flood costs the service itself: its CPU in flooded and quiet rounds.
-            service_cpu_ms_per_s_quiet=[f["service_cpu_ms_per_s"] for f in quiet],
-            service_cpu_ms_per_s_flooded=[f["service_cpu_ms_per_s"] for f in flooded],
-        )
+    median p99s, of the p99s of all samples pooled, and of the median worst-window p99s: what
+    the flood costs the seated players (synchronous_commit as BENCH_FLOOD_COMMIT says)."""
+    commit = asyncio.run(synchronous_commit(url, FLOOD_COMMIT))
+    try:
+        for connections in FLOOD_CONNECTIONS:
+            flood_set(url, base, pid, connections, commit)
+    finally:
+        asyncio.run(synchronous_commit(url, "on"))
+
+
+def flood_set(url: str, base: str, pid: int, connections: int, commit: str) -> None:
+    """One set of ABBA flood rounds on ``connections``."""
+    quiet: list[dict[str, Any]] = []
+    flooded: list[dict[str, Any]] = []
+    for n in range(FLOOD_ROUNDS):
+        pair = [(0.0, quiet), (FLOOD_PER_S, flooded)]
+        for rate, rounds in pair if n % 2 == 0 else pair[::-1]:  # ABBA: neither first
+            figures = measured_round(url, base, pid, FLOOD_THINK_S, rate, connections)
+            rounds.append(figures)
+            emit(round=n, phase="flood" if rate else "quiet", **figures)
+    emit(
+        bench="flood_vs_quiet",
+        rounds=FLOOD_ROUNDS,
+        flood_per_s=FLOOD_PER_S,
+        synchronous_commit=commit,
+        flood_connections=connections,
+        think_s=FLOOD_THINK_S,
+        flooder_nice=FLOOD_NICE,
+        flood_answered_per_s=[f["flood"]["per_s"] for f in flooded],
+        **_ratio(quiet, flooded, "command_to_opponent_ws_p99_ms", "p99"),
+        # Every round's samples together: a p99 of some 16,000 latencies a side, steadier
+        # than the median of four rounds' p99s (a round's moves some 30% on its own).
+        **_pooled(quiet, flooded),
+        **_ratio(quiet, flooded, "p99_worst_window_ms", "worst_window_p99"),
+        # What the flood costs the service itself: its CPU in flooded and quiet rounds.
+        service_cpu_ms_per_s_quiet=[f["service_cpu_ms_per_s"] for f in quiet],
+        service_cpu_ms_per_s_flooded=[f["service_cpu_ms_per_s"] for f in flooded],
+    )
 
 
 def _pooled(quiet: list[dict[str, Any]], flooded: list[dict[str, Any]]) -> dict[str, Any]:

@@ -310,7 +310,7 @@ async def limit(request: web.Request, action: str, identity: Identity) -> None:
     """Count one ``action`` of this identity, or refuse it (429 with Retry-After, held back
     first: ``RateLimiter.admit``)."""
     if LIMITS in request.app:
-        await request.app[LIMITS].admit(action, identity.id)
+        await request.app[LIMITS].admit(action, identity.id, lambda: request.transport is None)
 
 
 async def _release_holds(app: web.Application) -> None:

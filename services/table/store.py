@@ -193,27 +193,6 @@ class Change(msgspec.Struct, kw_only=True):
     views: dict[tuple[int | None, str | None], TableView] = {}
 
 
-_SAVE = """
-WITH moved AS (
-    UPDATE tables SET seats = $2::jsonb, status = $3, state = $4, version = $5, seq = $6,
-        last_move_at = $7, bot_turn_due_at = $20
-    WHERE table_id = $1
-), logged AS (
-    INSERT INTO events (table_id, seq, type, envelope)
-    SELECT $1, x.seq, x.type, x.envelope::jsonb
-    FROM unnest($8::bigint[], $9::text[], $10::text[]) AS x(seq, type, envelope)
-), queued AS (
-    INSERT INTO outbox (exchange, routing_key, body, message_id)
-    SELECT * FROM unnest($11::text[], $12::text[], $13::bytea[], $14::text[])
-), answered AS (
-    INSERT INTO commands (table_id, command_id, actor, result)
-    SELECT $1, $15, $16, $17 WHERE $15::text IS NOT NULL
-)
-INSERT INTO hands (table_id, hand, record)
-SELECT $1, h.hand, h.record::jsonb FROM unnest($18::int[], $19::text[]) AS h(hand, record)
-"""
-
-
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     """A change built on a remembered row, to be saved only if that row is still the table's:
     the table still at ``version``, the mover's deck design still ``design`` (the change's
@@ -221,15 +200,16 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
 
     change: Change
     version: int
-    player: str
+    player: str | None  # None: no design to check (one read under the row's lock)
     design: str | None
 
 
-# Every change of ``attempts`` that is still current, in one statement (no transaction
-# around it, no lock taken first): each table's row is updated only if it is still at the
-# version the change was built on, the mover's deck design the one its views were built for,
-# and the actor's command id new; the rows of the others are written only where their table's
-# was. A commit elsewhere since makes a change write nothing (the caller takes the locked way).
+# Every change of ``attempts`` that is still current, in one statement: each table's row is
+# updated only if it is still at the version the change was built on, the mover's deck design
+# the one its views were built for, and the actor's command id new; the rows of the others
+# are written only where their table's was. Without a lock (the group commit, outside any
+# transaction), a commit elsewhere since makes a change write nothing and the caller takes
+# the locked way; under the row's lock (``save_change``) it is always current.
 # Outbox rows keep their order (ordinality): the relay publishes a table's events by id.
 _SAVE_IF_CURRENT = """
 WITH x AS (
@@ -277,14 +257,19 @@ SELECT table_id FROM moved
 
 
 async def save_change(conn: Conn, change: Change) -> None:
-    """Store a table's new state, its events, outbox messages, hand records and the command's
-    result: all in one statement. The caller tells the relay once it has committed."""
-    await conn.execute(_SAVE, *_save_args(change))
+    """Store a change of a row the caller's transaction holds locked (or has just inserted):
+    its state, events, outbox messages, hand records and the command's result, in one
+    statement (``save_if_current``, with the version the change was made from). The caller
+    tells the relay once it has committed."""
+    attempt = Attempt(change=change, version=change.row.version - 1, player=None, design=None)
+    if not await save_if_current(conn, [attempt]):
+        raise RuntimeError(f"table {change.row.table_id!r} moved on under its lock")
 
 
 async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
-    """``save_change`` of each attempt still current (``Attempt``), all in one statement of
-    its own (no transaction around it: it commits); the table ids of those saved."""
+    """The state, events, outbox messages, hand records and command result of each attempt
+    still current (``Attempt``), all in one statement (outside a transaction it commits on
+    its own); the table ids of those saved."""
     moves: list[tuple[object, ...]] = []
     events: list[tuple[object, ...]] = []
     outbox: list[tuple[object, ...]] = []
@@ -330,32 +315,6 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
 def _columns(rows: list[tuple[object, ...]], width: int) -> list[list[object]]:
     """Rows as their columns (each the array of an ``unnest``), ``width`` of them."""
     return [list(column) for column in zip(*rows, strict=True)] or [[] for _ in range(width)]
-
-
-def _save_args(change: Change) -> tuple[object, ...]:
-    row = change.row
-    return (
-        row.table_id,
-        _json.encode(row.seats).decode(),
-        row.status,
-        None if row.state is None else _state_encoder.encode(row.state),
-        row.version,
-        row.seq,
-        row.last_move_at,
-        [e.seq for e in change.envelopes],
-        [e.type for e in change.envelopes],
-        [body.decode() for body in change.encoded],
-        [m[0] for m in change.outbox],
-        [m[1] for m in change.outbox],
-        [m[2] for m in change.outbox],
-        [m[3] for m in change.outbox],
-        change.command_id,
-        change.actor,
-        None if change.result is None else change.result.decode(),
-        [h[0] for h in change.hands],
-        [h[1].decode() for h in change.hands],
-        change.bot_turn_due_at,
-    )
 
 
 async def take_due_bot_turns(conn: Conn, now: datetime, limit: int) -> list[TableRow]:

@@ -143,9 +143,12 @@ class Holds:
         self._next: dict[str, float] = {}  # when each identity's next refusal may be answered
         self._released = asyncio.Event()
 
-    async def hold(self, key: str) -> bool:
+    async def hold(self, key: str, gone: Callable[[], bool] | None = None) -> bool:
         """Wait until ``key``'s refusal may be answered (at once for its first); False when
-        answered at once because a bound is reached or holds were released."""
+        answered at once because a bound is reached or holds were released. ``gone`` tells
+        whether the client has gone away: a hold longer than ``max_s`` asks it every ``max_s``
+        and ends once it is (a client that left must not keep a hold for minutes: a flooder
+        that reconnected would fill the holds with its own ghosts)."""
         if self._released.is_set():
             return False
         now = self.clock()
@@ -164,14 +167,19 @@ class Holds:
         self.held += 1
         self._held_by[key] = self._held_by.get(key, 0) + 1
         try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._released.wait()
+            loop = asyncio.get_running_loop()  # the schedule's clock may be a test's
+            until = loop.time() + wait
+            while (left := until - loop.time()) > 0 and not (gone is not None and gone()):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(left, self.max_s) if gone else left):
+                        await self._released.wait()
+                if self._released.is_set():
+                    break
         finally:
             self.held -= 1
-            left = self._held_by.pop(key) - 1
-            if left:
-                self._held_by[key] = left
+            others = self._held_by.pop(key) - 1
+            if others:
+                self._held_by[key] = others
         return True
 
     def release(self) -> None:
@@ -299,13 +307,16 @@ class RateLimiter:
         window.counts[key] = count + 1
         window.pending[key] = window.pending.get(key, 0) + 1
 
-    async def admit(self, action: str, identity: str) -> None:
-        """``check``, but a refusal is held back first (``Holds``): a client that asks again
-        as soon as it is refused is answered no faster than the holds allow."""
+    async def admit(
+        self, action: str, identity: str, gone: Callable[[], bool] | None = None
+    ) -> None:
+        """``check``, but a refusal is held back first (``Holds``; ``gone``: whether the
+        client has left): a client that asks again as soon as it is refused is answered no
+        faster than the holds allow."""
         try:
             self.check(action, identity)
         except RateLimited:
-            if await self.holds.hold(_key(identity)):
+            if await self.holds.hold(_key(identity), gone):
                 self._held.labels(action).inc()
             raise
 

@@ -13,13 +13,14 @@ from typing import Any
 
 import aio_pika
 import msgspec
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from services.bots.app import create_app as create_worker
 from services.bots.strategies import STRATEGIES
 from shared.contracts.names import COMMANDS_QUEUE, DEAD_LETTER, bot_queue
 from shared.infra.settings import Settings
 from tests.bots.test_worker import LEVEL, bot_table, persons_turn, purge, wait_for
+from tests.serving import ProductionServer
 from tests.table.conftest import Api
 
 
@@ -62,7 +63,7 @@ async def test_a_turn_of_a_newer_contract_is_decided(api: Api, settings: Setting
         )
         before = await api.view(table_id, token)
         app = create_worker(settings, {LEVEL: STRATEGIES[LEVEL]})
-        async with TestClient(TestServer(app)):
+        async with TestClient(ProductionServer(app)):
             moved = await wait_for(api, table_id, token, persons_turn)
         assert moved["version"] > before["version"]  # the bot moved on the future turn
         assert await dead_letters(channel, settings) == 0

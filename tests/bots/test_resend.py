@@ -12,7 +12,7 @@ import aio_pika
 import asyncpg
 import msgspec
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from services.bots.app import create_app as create_worker
 from services.bots.strategies import STRATEGIES
@@ -23,6 +23,7 @@ from shared.contracts.views import TableView
 from shared.infra.settings import Settings
 from tests.bots.test_worker import LEVEL, bot_table, persons_turn, purge, wait_for
 from tests.e2e.processes import ROOT
+from tests.serving import ProductionServer
 from tests.table.conftest import Api, Clock, open_api
 
 RESEND_S = 1.0
@@ -93,7 +94,7 @@ async def test_a_dropped_turn_is_sent_again_and_the_bot_moves_once(
     assert msgspec.json.decode(dropped.body, type=BotTurn).version == version
     before = await resent_count(table)
     app = create_worker(fast, {LEVEL: STRATEGIES[LEVEL]})
-    async with TestClient(TestServer(app)):
+    async with TestClient(ProductionServer(app)):
         await asyncio.sleep(3 * RESEND_S)  # the table's clock stands still: not due yet
         assert (await table.view(table_id, token))["version"] == version
         assert await resent_count(table) == before
@@ -125,7 +126,7 @@ async def test_a_turn_rejected_once_by_the_worker_is_sent_again(
 
     table_id, token, version = await bots_turn(table)
     app = create_worker(fast, {LEVEL: fails_once})
-    async with TestClient(TestServer(app)):
+    async with TestClient(ProductionServer(app)):
         async with asyncio.timeout(10):
             while not failures:
                 await asyncio.sleep(0.05)
@@ -183,7 +184,7 @@ async def test_a_match_playing_before_the_due_column_existed_is_looked_at_once(
     if (await table.view(person, token))["hand"]["to_act"] == 1:
         await take_turn(fast, person)
         app = create_worker(fast, {LEVEL: STRATEGIES[LEVEL]})
-        async with TestClient(TestServer(app)):
+        async with TestClient(ProductionServer(app)):
             await wait_for(table, person, token, persons_turn)
     await drain(fast)
     sql = (ROOT / "services/table/migrations/007_bot_turn_due_backfill.sql").read_text()

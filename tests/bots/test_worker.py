@@ -9,7 +9,7 @@ from typing import Any
 import aio_pika
 import msgspec
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from services.bots.app import create_app as create_worker
 from services.bots.strategies import STRATEGIES
@@ -17,6 +17,7 @@ from shared.contracts.api import BotTurn
 from shared.contracts.names import DEAD_LETTER, bot_queue
 from shared.infra.settings import Settings
 from tests.moves import sobra_move
+from tests.serving import ProductionServer
 from tests.table.conftest import Api
 
 LEVEL = "carmen"  # a queue no other test seats a bot on
@@ -25,7 +26,7 @@ LEVEL = "carmen"  # a queue no other test seats a bot on
 @pytest.fixture
 async def worker(settings: Settings) -> AsyncIterator[TestClient]:
     app = create_worker(settings, {LEVEL: STRATEGIES[LEVEL]})
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(ProductionServer(app)) as client:
         yield client
 
 
@@ -115,7 +116,7 @@ async def test_the_same_turn_delivered_twice_makes_one_move(api: Api, settings: 
             )
     before = await api.view(table_id, token)
     app = create_worker(settings, {LEVEL: STRATEGIES[LEVEL]})
-    async with TestClient(TestServer(app)):
+    async with TestClient(ProductionServer(app)):
         settled = await wait_for(api, table_id, token, persons_turn)
         await asyncio.sleep(1.0)  # time for the copy to be handled too
         assert (await api.view(table_id, token))["version"] == settled["version"]

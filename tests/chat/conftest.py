@@ -18,11 +18,12 @@ import asyncpg
 import msgspec
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from services.chat.app import SCHEMA, create_app
 from services.chat.consumer import CHAT_QUEUE
 from shared.infra.settings import Settings
+from tests.serving import ProductionServer
 from tests.table.conftest import Api, Clock, open_api
 
 
@@ -89,7 +90,7 @@ class ChatApi:
 async def open_chat(settings: Settings, clock: Clock | None = None) -> AsyncIterator[ChatApi]:
     """A chat service instance with its client; closed (drained) on exit."""
     clock = clock or Clock()
-    async with TestClient(TestServer(create_app(settings, clock=clock))) as client:
+    async with TestClient(ProductionServer(create_app(settings, clock=clock))) as client:
         yield ChatApi(client, clock)
 
 

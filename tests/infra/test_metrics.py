@@ -8,13 +8,14 @@ import asyncio
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
 from shared.infra import db
 from shared.infra.ops import REGISTRY, add_ops_routes
 from shared.infra.service import DatabaseProbe
 from shared.infra.settings import Settings
+from tests.serving import ProductionServer
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -36,7 +37,7 @@ async def test_each_route_is_timed_and_counted_by_status_and_a_failure_is_a_500(
     add_ops_routes(app, {})
     app.router.add_get("/boom", boom)
     app.router.add_get("/v1/tables/{id}", table)
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(ProductionServer(app)) as client:
         for path in ("/boom", "/v1/tables/a", "/v1/tables/b", "/no/such/path", "/healthz"):
             async with client.get(path) as response:
                 await response.read()

@@ -502,6 +502,22 @@ async def test_a_crowded_identitys_holds_last_longer_in_proportion_up_to_a_bound
     assert 0.02 * 10 * 0.9 <= ended[19] < 0.02 * 10 * 1.5 + 0.05  # the 20th: 10 times
 
 
+async def test_a_long_hold_ends_once_its_client_has_gone() -> None:
+    """A stretched hold asks ``gone`` every ``max_s``: a client that left keeps no hold (nor
+    its identity's crowd) for the minutes it would have lasted."""
+    holds = Holds(30.0, 0.05, 100, clock=Clock(), uniform=lambda low, high: high, crowd=1)
+    assert await holds.hold("flooder") is True
+    left = False
+    tasks = [asyncio.create_task(holds.hold("flooder", lambda: left)) for _ in range(20)]
+    await asyncio.sleep(0)
+    assert holds.held == 20  # the n-th would wait n * 0.05 s: the last, 1 s
+    await asyncio.sleep(0.1)
+    left = True
+    async with asyncio.timeout(0.05 * 3):
+        assert await asyncio.gather(*tasks) == [True] * 20
+    assert holds.held == 0
+
+
 async def test_a_client_that_asks_again_at_once_is_answered_no_faster_than_the_holds(
     pool: asyncpg.Pool,
 ) -> None:

@@ -17,12 +17,13 @@ import aio_pika
 import asyncpg
 import msgspec
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from services.table.app import create_app
 from shared.contracts.envelope import envelope_decoder
 from shared.contracts.names import EVENTS_EXCHANGE
 from shared.infra.settings import Settings
+from tests.serving import ProductionServer
 from tests.table.conftest import Api, Clock, SeededShuffle
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -100,7 +101,7 @@ async def test_broker_stopped_for_20_s_loses_no_event_and_fails_no_command(
     async with tap_connection:
         channel = await tap_connection.channel()
         app = create_app(own, clock=Clock(), shuffle=SeededShuffle(11))
-        async with TestClient(TestServer(app)) as client:
+        async with TestClient(ProductionServer(app)) as client:
             api = Api(client, own)
             exchange = await channel.get_exchange(own.prefix + EVENTS_EXCHANGE)
             tap = await channel.declare_queue(own.prefix + "outage-tap", durable=True)
@@ -155,7 +156,10 @@ async def test_a_broker_restart_mid_match_does_not_stop_the_bot(
     own = msgspec.structs.replace(settings, amqp_url=node.entry.url, relay_poll_s=0.5)
     table_app = create_app(own, clock=Clock(), shuffle=SeededShuffle(5))
     worker_app = create_worker(own, {"luna": STRATEGIES["luna"]})
-    async with TestClient(TestServer(table_app)) as client, TestClient(TestServer(worker_app)):
+    async with (
+        TestClient(ProductionServer(table_app)) as client,
+        TestClient(ProductionServer(worker_app)),
+    ):
         api = Api(client, own)
         token = api.token("Ana")
         created = await api.create(token)
@@ -206,7 +210,7 @@ async def test_after_a_broker_restart_a_socket_still_gets_what_comes_from_the_br
 
     own = msgspec.structs.replace(settings, amqp_url=node.entry.url)
     app = create_app(own, clock=Clock(), shuffle=SeededShuffle(6))
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(ProductionServer(app)) as client:
         api = Api(client, own)
         ana = api.token("Ana")
         table_id = (await api.create(ana))["table_id"]

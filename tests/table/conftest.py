@@ -16,12 +16,13 @@ import asyncpg
 import msgspec
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from services.table.app import create_app
 from shared.engine import CARDS, parse_card
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
+from tests.serving import ProductionServer
 
 
 class Clock:
@@ -128,7 +129,7 @@ async def serving(app: web.Application) -> AsyncIterator[TestClient]:
     """A test client of the real app. Its shutdown must end within ``SHUTDOWN_BOUND_S``: a
     hang is the app's bug, and fails the test naming the tasks still running (instead of a
     pytest-timeout with only the event loop's stack)."""
-    client = TestClient(TestServer(app))
+    client = TestClient(ProductionServer(app))
     await client.start_server()
     try:
         yield client

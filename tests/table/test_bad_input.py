@@ -14,11 +14,12 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from services.table.app import create_app
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
+from tests.serving import ProductionServer
 from tests.table.conftest import (
     Api,
     Clock,
@@ -39,7 +40,7 @@ async def table_client(settings: Settings, clock: Clock) -> AsyncIterator[TestCl
     """This module's app deals the crafted deck every hand."""
     shuffle = ScriptedShuffle([(DECK, "0123456789abcdef", 0) for _ in range(20)])
     app = create_app(settings, clock=clock, shuffle=shuffle)
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(ProductionServer(app)) as client:
         yield client
 
 

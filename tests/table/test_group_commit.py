@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import doctest
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import asyncpg
@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from services.table import commits
+from services.table.http import GROUP_COMMIT
 from shared.infra import ops
 from shared.infra.ops import REGISTRY
 from shared.infra.settings import Settings
@@ -23,6 +24,7 @@ from tests.table.conftest import Api, all_events, assert_error, open_api
 from tests.table.test_one_statement import ways
 
 TABLES = 6
+Answer = tuple[int, Any]
 
 
 def statements(api: Api) -> tuple[float, float]:
@@ -112,23 +114,32 @@ async def waiting_on_locks(settings: Settings, count: int) -> list[int]:
 
 async def queued(api: Api, attempts: int) -> None:
     """Wait until ``attempts`` commands wait for a group-commit statement."""
-    group = api.client.app[commits_key()]
+    group = api.client.app[GROUP_COMMIT]
     deadline = asyncio.get_running_loop().time() + 10
     while len(group.waiting) < attempts:
         assert asyncio.get_running_loop().time() < deadline, "the commands did not queue"
         await asyncio.sleep(0.01)
 
 
-def commits_key() -> Any:
-    from services.table.http import GROUP_COMMIT
-
-    return GROUP_COMMIT
-
-
 @pytest.fixture
 def one_statement(settings: Settings) -> Settings:
     """One group-commit statement at a time: those that come while it runs wait together."""
     return msgspec.structs.replace(settings, group_commit_statements=1)
+
+
+async def together(
+    api: Api, settings: Settings, blocker: Table, requests: list[Coroutine[Any, Any, Answer]]
+) -> list[asyncio.Future[Answer]]:
+    """Send ``requests`` while the blocker's statement waits for its row (one statement at a
+    time), so that all of them go in the next statement, together; their answers, once the
+    blocker's came."""
+    async with row_held(settings, blocker.table_id):
+        first = asyncio.ensure_future(blocker.play())
+        await waiting_on_locks(settings, 1)
+        answers = [asyncio.ensure_future(request) for request in requests]
+        await queued(api, len(requests))
+    assert (await first)[0] == 200
+    return answers
 
 
 async def assert_log_whole(api: Api, table: Table, version: int) -> None:
@@ -145,17 +156,12 @@ async def test_commands_at_many_tables_are_saved_together_each_as_if_alone(
         blocker, *tables = await tables_remembered(api, TABLES + 1)
         before_log = {t.table_id: await all_events(api, t.table_id) for t in tables}
         before = statements(api)
-        async with row_held(one_statement, blocker.table_id):
-            first = asyncio.ensure_future(blocker.play())  # its statement waits for the row
-            await waiting_on_locks(one_statement, 1)
-            moves = [await t.next_move() for t in tables]
-            answers = [
-                asyncio.ensure_future(api.command(t.table_id, token, **move))
-                for t, (token, move, _) in zip(tables, moves, strict=True)
-            ]
-            await queued(api, TABLES)
-        assert (await first)[0] == 200
-        results = await asyncio.gather(*answers)
+        moves = [await t.next_move() for t in tables]
+        requests = [
+            api.command(t.table_id, token, **move)
+            for t, (token, move, _) in zip(tables, moves, strict=True)
+        ]
+        results = await asyncio.gather(*await together(api, one_statement, blocker, requests))
         count, changes = statements(api)
         assert (count - before[0], changes - before[1]) == (2, TABLES + 1)  # alone, then together
         for table, (_, _, version), (status, body) in zip(tables, moves, results, strict=True):
@@ -171,12 +177,7 @@ async def test_outbox_rows_of_a_statement_keep_each_tables_order(
 ) -> None:
     async with open_api(one_statement) as api:
         blocker, *tables = await tables_remembered(api, TABLES + 1)
-        async with row_held(one_statement, blocker.table_id):
-            first = asyncio.ensure_future(blocker.play())
-            await waiting_on_locks(one_statement, 1)
-            answers = [asyncio.ensure_future(t.play()) for t in tables]
-            await queued(api, TABLES)
-        await first
+        answers = await together(api, one_statement, blocker, [t.play() for t in tables])
         assert all(status == 200 for status, _ in await asyncio.gather(*answers))
         for table in tables:
             rows = await db.fetch(
@@ -200,15 +201,10 @@ async def test_a_change_on_a_row_moved_on_elsewhere_is_not_saved_and_the_rest_ar
         status, _ = await b.command(stale.table_id, token, **move)
         assert status == 200
         before_ways, before = ways(a), statements(a)
-        async with row_held(one_statement, blocker.table_id):
-            first = asyncio.ensure_future(blocker.play())
-            await waiting_on_locks(one_statement, 1)
-            late = asyncio.ensure_future(
-                a.command(stale.table_id, token, **{**move, "command_id": "again-at-a"})
-            )
-            answers = [asyncio.ensure_future(t.play()) for t in tables]
-            await queued(a, TABLES + 1)
-        assert (await first)[0] == 200
+        again = a.command(stale.table_id, token, **{**move, "command_id": "again-at-a"})
+        late, *answers = await together(
+            a, one_statement, blocker, [again, *(t.play() for t in tables)]
+        )
         status, body = await late
         assert status == 409, body  # as the locked way refuses it: the move was made
         assert body["error"]["code"] in ("not_your_turn", "already_drawn"), body
@@ -234,17 +230,12 @@ async def test_a_statement_postgresql_refuses_sends_each_command_the_locked_way(
         blocker, held, *tables = await tables_remembered(api, TABLES + 2)
         moves = [await t.next_move() for t in (held, *tables)]
         before_ways = ways(api)
+        requests = [
+            api.command(t.table_id, token, **move)
+            for t, (token, move, _) in zip((held, *tables), moves, strict=True)
+        ]
         async with row_held(settings, held.table_id):
-            async with row_held(settings, blocker.table_id):
-                first = asyncio.ensure_future(blocker.play())
-                await waiting_on_locks(settings, 1)
-                answers = [
-                    asyncio.ensure_future(api.command(t.table_id, token, **move))
-                    for t, (token, move, _) in zip((held, *tables), moves, strict=True)
-                ]
-                await queued(api, TABLES + 1)
-            assert (await first)[0] == 200  # then the statement of all the others
-            results = await asyncio.gather(*answers)
+            results = await asyncio.gather(*await together(api, settings, blocker, requests))
         held_status, held_body = results[0]
         assert_error(held_status, held_body, 503, "busy", None)
         for table, (_, _, version), (status, body) in zip(
@@ -269,16 +260,12 @@ async def test_a_statement_whose_connection_dies_answers_503_and_each_sent_again
     async with open_api(one_statement) as api:
         blocker, held, *tables = await tables_remembered(api, TABLES + 2)
         moves = [await t.next_move() for t in (held, *tables)]
+        requests = [
+            api.command(t.table_id, token, **move)
+            for t, (token, move, _) in zip((held, *tables), moves, strict=True)
+        ]
         async with row_held(one_statement, held.table_id):
-            async with row_held(one_statement, blocker.table_id):
-                first = asyncio.ensure_future(blocker.play())
-                await waiting_on_locks(one_statement, 1)
-                answers = [
-                    asyncio.ensure_future(api.command(t.table_id, token, **move))
-                    for t, (token, move, _) in zip((held, *tables), moves, strict=True)
-                ]
-                await queued(api, TABLES + 1)
-            assert (await first)[0] == 200
+            answers = await together(api, one_statement, blocker, requests)
             (pid,) = await waiting_on_locks(one_statement, 1)  # the statement of all of them
             conn = await asyncpg.connect(one_statement.database_url)
             try:

@@ -4,6 +4,7 @@ replicas, and a busy or slow database answered 503 with Retry-After, never a han
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import aiohttp
@@ -208,13 +209,19 @@ async def test_a_flooders_refusals_are_held_back_and_answered_when_the_replica_s
     """Past its limit a spectator's commands are answered one per hold interval, however
     many it sends at once; the ones still held when the replica stops are answered 429 then,
     and the stop does not wait out their turn."""
-    s = limited(settings, rate_commands=1, rate_hold_interval_s=0.05, rate_hold_max_s=7200.0)
+    s = limited(
+        settings,
+        rate_commands=1,
+        rate_commands_window_s=3600.0,  # a minute's window could end mid-test (a flaky 403)
+        rate_hold_interval_s=0.05,
+        rate_hold_max_s=7200.0,
+    )
     api_cm = open_api(s)
     api = await api_cm.__aenter__()
     try:
         table_id, _, _ = await api.table_for_two()
         path = f"/v1/tables/{table_id}/commands"
-        caio = api.token("Caio")
+        caio = api.token("Caio", sub=f"caio-{uuid.uuid4().hex}")  # counts of its own
         status, body, _ = await answer(api, "POST", path, caio, {"type": "resign"})
         assert_error(status, body, 403, "not_seated", "R10.1")
         flood = [
@@ -242,6 +249,45 @@ async def test_a_flooders_refusals_are_held_back_and_answered_when_the_replica_s
     async with session, await late as r:
         assert_error(r.status, await r.json(), 429, "rate_limited", None)
         assert int(r.headers["Retry-After"]) >= 1
+
+
+async def test_a_flooder_that_leaves_takes_its_held_refusals_with_it(settings: Settings) -> None:
+    """A crowded identity's holds last longer (here the tenth some 3 s), but not past its
+    client: once the flooder's connections close, every hold of its ends within a hold's
+    ``max_s``, so a flooder that reconnects cannot fill the holds with its ghosts."""
+    s = limited(
+        settings,
+        rate_commands=1,
+        rate_commands_window_s=3600.0,
+        rate_hold_interval_s=3600.0,
+        rate_hold_max_s=0.3,
+        rate_hold_crowd=1,
+    )
+    async with open_api(s) as api:
+        table_id, _, _ = await api.table_for_two()
+        path = f"/v1/tables/{table_id}/commands"
+        caio = api.token("Caio", sub=f"caio-{uuid.uuid4().hex}")  # counts of its own
+        for code in ("not_seated", "rate_limited"):  # its first refusal is answered at once
+            _, body, _ = await answer(api, "POST", path, caio, {"type": "resign"})
+            assert body["error"]["code"] == code, body
+        holds = app_of(api)[LIMITS].holds
+        session = aiohttp.ClientSession()
+        url = api.client.make_url(path)
+        flood = [
+            asyncio.create_task(session.post(url, json={"type": "resign"}, headers=api.auth(caio)))
+            for _ in range(10)
+        ]
+        async with asyncio.timeout(5):
+            while holds.held < 10:
+                await asyncio.sleep(0.01)
+        for task in flood:
+            task.cancel()
+        await session.close()  # the flooder leaves
+        left = asyncio.get_running_loop().time()
+        async with asyncio.timeout(5):
+            while holds.held:
+                await asyncio.sleep(0.01)
+        assert asyncio.get_running_loop().time() - left < 0.3 * 2  # not the tenth's ~3 s
 
 
 async def test_refused_commands_have_a_limit_of_their_own_over_http_and_the_socket(

@@ -26,7 +26,7 @@ import asyncpg
 import msgspec
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.timers.app import create_app, migrate
@@ -34,6 +34,7 @@ from services.timers.consumer import TABLE_EVENTS, TIMERS_QUEUE, declare_queue
 from shared.contracts.names import COMMANDS_EXCHANGE, EVENTS_EXCHANGE
 from shared.infra import amqp
 from shared.infra.settings import Settings
+from tests.serving import ProductionServer
 from tests.table.conftest import Api
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +84,7 @@ async def open_timers(
     settings: Settings, clock: Callable[[], float] = time.time
 ) -> AsyncIterator[TestClient[web.Request, web.Application]]:
     """The real timer service in this process, with its HTTP client."""
-    async with TestClient(TestServer(create_app(settings, clock=clock))) as client:
+    async with TestClient(ProductionServer(create_app(settings, clock=clock))) as client:
         yield client
 
 
