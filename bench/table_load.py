@@ -69,12 +69,11 @@ FLOOD_ROUNDS = int(os.environ.get("BENCH_FLOOD_ROUNDS", "4"))
 FLOOD_CONNECTIONS = [
     int(n) for n in os.environ.get("BENCH_FLOOD_CONNECTIONS", "8,100,1000").split(",")
 ]
-# synchronous_commit for the flood rounds, on the benchmark's own server: "off" (the default)
-# sets the commit's flush aside. A flooder's refusals never touch the disk, and this machine's
-# disk stalls a flush 50 to 250 ms a few times a minute, in the quiet and the flooded rounds
-# at random: with "on" (production's) those stalls, not the flood, decide the ratio. The
-# players' tail with durable commits is the paced round's, reported beside the disk's flushes.
-FLOOD_COMMIT = os.environ.get("BENCH_FLOOD_COMMIT", "off")
+# synchronous_commit for the flood rounds, on the benchmark's own server: "on" (production's,
+# the default) or "off", which sets the commit's flush aside: a flooder's refusals never touch
+# the disk, and this machine's disk stalls a flush 50 to 250 ms a few times a minute, in the
+# quiet and the flooded rounds at random.
+FLOOD_COMMIT = os.environ.get("BENCH_FLOOD_COMMIT", "on")
 # As production runs it (deploy/k8s): the table service with GIN_RELAY_APART and its outbox
 # relay a process of its own (services.table.relay), counted as the part "relay"; 0: the
 # relay inside the service.

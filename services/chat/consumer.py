@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter
 from services.chat import store
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import SeatTaken, TableClosed, TableExpired
-from shared.contracts.names import DEAD_LETTER, EVENTS_EXCHANGE, table_event_key
+from shared.contracts.names import CHAT_QUEUE, DEAD_LETTER, EVENTS_EXCHANGE, table_event_key
 from shared.infra.consumer import (
     Consumer,
     ConsumerMetrics,
@@ -36,7 +36,6 @@ from shared.infra.consumer import (
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
-CHAT_QUEUE = "gin.chat"
 LEARNED_FROM = ("seat_taken", "table_closed", "table_expired")
 Outcome = Literal["applied", "duplicate", "ignored"]
 

@@ -23,7 +23,7 @@ from services.timers import store
 from services.timers.deadlines import Durations, Kind, after_event
 from services.timers.metrics import TimerMetrics
 from shared.contracts.envelope import Envelope
-from shared.contracts.names import DEAD_LETTER, EVENTS_EXCHANGE
+from shared.contracts.names import DEAD_LETTER, EVENTS_EXCHANGE, TIMERS_QUEUE
 from shared.infra.consumer import (
     UNDECODABLE,
     Consumer,
@@ -35,7 +35,6 @@ from shared.infra.consumer import (
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
-TIMERS_QUEUE = "gin.timers"
 TABLE_EVENTS = "table.*.*"
 PREFETCH = 64
 CATCH_UP_POLL_S = 0.05

@@ -38,6 +38,9 @@ def bot_key(level: str) -> str:
 
 
 DEAD_LETTER = "gin.dead"
+# The chat's and the timers' own queues of table events (declared by those services).
+CHAT_QUEUE = "gin.chat"
+TIMERS_QUEUE = "gin.timers"
 
 
 def bot_queue(level: str) -> str:

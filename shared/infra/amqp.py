@@ -8,12 +8,14 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnec
 from shared.contracts.events import BotLevel
 from shared.contracts.names import (
     BOTS_EXCHANGE,
+    CHAT_QUEUE,
     COMMANDS_EXCHANGE,
     COMMANDS_QUEUE,
     DEAD_LETTER,
     EVENTS_EXCHANGE,
     HISTORY_STREAM,
     SOCKETS_EXCHANGE,
+    TIMERS_QUEUE,
     bot_key,
     bot_queue,
 )
@@ -110,12 +112,16 @@ async def declare_topology(
 
 
 async def delete_topology(channel: AbstractChannel, prefix: str) -> None:
-    """Remove what ``declare_topology`` made (test runs clean up their prefix)."""
+    """Remove what ``declare_topology`` made, and the chat's and the timers' queues, which
+    those services declare (test runs clean up their prefix: a queue left behind keeps its
+    messages on the broker for good)."""
     queues = [
         COMMANDS_QUEUE,
         DEAD_LETTER,
         HISTORY_STREAM,
         *(bot_queue(level) for level in BOT_LEVELS),
+        CHAT_QUEUE,
+        TIMERS_QUEUE,
     ]
     for queue in queues:
         await channel.queue_delete(prefix + queue)

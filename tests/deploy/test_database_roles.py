@@ -29,8 +29,6 @@ import asyncpg
 import msgspec
 import pytest
 
-from services.chat.consumer import CHAT_QUEUE
-from services.timers.consumer import TIMERS_QUEUE
 from shared.infra import amqp, db
 from shared.infra.auth import mint
 from shared.infra.outbox import SQL_DIR
@@ -105,9 +103,7 @@ async def prefix(settings: Settings) -> AsyncIterator[str]:
     connection = await aio_pika.connect(settings.amqp_url)
     async with connection:
         channel = await connection.channel()
-        await amqp.delete_topology(channel, own)
-        for queue in (CHAT_QUEUE, TIMERS_QUEUE):
-            await channel.queue_delete(own + queue)
+        await amqp.delete_topology(channel, own)  # the chat's and the timers' queues too
 
 
 async def refused(url: str, sql: str) -> bool:
