@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -516,6 +517,36 @@ async def test_a_long_hold_ends_once_its_client_has_gone() -> None:
     async with asyncio.timeout(0.05 * 3):
         assert await asyncio.gather(*tasks) == [True] * 20
     assert holds.held == 0
+
+
+async def test_long_holds_are_asked_together_by_one_sweep_every_max_s() -> None:
+    """Holds begun at different moments are asked whether their client has gone at the same
+    moments, once every ``max_s`` (one timer for all, not a wake-up of each), and once none
+    is held nothing is asked any more."""
+    holds = Holds(30.0, 0.05, 100, clock=Clock(), uniform=lambda low, high: high, crowd=1)
+    assert await holds.hold("flooder") is True
+    loop = asyncio.get_running_loop()
+    asked: list[float] = []
+
+    def gone() -> bool:
+        asked.append(loop.time())
+        return False
+
+    began = loop.time()
+    tasks = []
+    for _ in range(10):  # begun 7 ms apart: woken each on its own, 10 moments a max_s
+        tasks.append(asyncio.create_task(holds.hold("flooder", gone)))
+        await asyncio.sleep(0.007)
+    await asyncio.sleep(0.16)
+    sweeps = int((loop.time() - began) / 0.05)
+    moments = [b for a, b in itertools.pairwise([-1.0, *sorted(asked)]) if b - a > 0.002]
+    assert len(asked) >= 2 * 10  # each asked about every max_s
+    assert len(moments) <= sweeps  # one sweep asks them all
+    holds.release()
+    assert await asyncio.gather(*tasks) == [True] * 10
+    before = len(asked)
+    await asyncio.sleep(0.12)
+    assert len(asked) == before
 
 
 async def test_a_client_that_asks_again_at_once_is_answered_no_faster_than_the_holds(
