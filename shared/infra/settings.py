@@ -95,7 +95,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     gc_thaw_s: float = 3600.0
     # With gc_thaw_s on, a full collection this often (0: when Python's thresholds say), so
     # that each scans only what came in that while: short pauses instead of rare long ones.
-    gc_full_every_s: float = 1.0
+    gc_full_every_s: float = 0.25
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
