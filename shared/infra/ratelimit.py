@@ -142,7 +142,6 @@ class Holds:
         self.crowd = crowd
         self.clock = clock
         self.uniform = uniform
-        self.held = 0
         self._held_by: dict[str, int] = {}
         self._next: dict[str, float] = {}  # when each identity's next refusal may be answered
         self._released = False
@@ -174,7 +173,6 @@ class Holds:
             return True
         if not self._has_room(key):
             return False
-        self.held += 1
         self._held_by[key] = self._held_by.get(key, 0) + 1
         loop = asyncio.get_running_loop()  # the schedule's clock may be a test's
         done: asyncio.Future[None] = loop.create_future()
@@ -190,11 +188,15 @@ class Holds:
             timer.cancel()
             self._waiting.discard(done)
             self._watched.pop(done, None)
-            self.held -= 1
             others = self._held_by.pop(key) - 1
             if others:
                 self._held_by[key] = others
         return True
+
+    @property
+    def held(self) -> int:
+        """How many refusals are held now."""
+        return len(self._waiting)
 
     def release(self) -> None:
         """Answer every held refusal now, and hold no more (the replica is stopping)."""
@@ -209,7 +211,7 @@ class Holds:
         """End the watched holds whose client has gone; again in ``max_s`` while any is
         watched."""
         self._sweeping = None
-        for done, gone in list(self._watched.items()):
+        for done, gone in self._watched.items():
             if gone():
                 _settle(done)
         if self._watched and not self._released:
