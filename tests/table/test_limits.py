@@ -157,6 +157,51 @@ async def test_a_statement_past_its_timeout_answers_503_and_changes_nothing(
         assert status == 200, body
 
 
+async def test_seat_spectator_and_invitation_refusals_come_before_the_row_lock(
+    settings: Settings,
+) -> None:
+    """With someone else holding a table's row lock, a command that needs the lock answers
+    503 after the statement timeout; a wrong invitation code, a bot seated by someone who did
+    not create the table and a spectator's command are refused without waiting for it, at the
+    replica that saw the table and at one that never did."""
+    s = limited(settings, db_statement_timeout_s=0.3)
+    async with open_api(s) as api, open_api(s) as other:
+        ana = api.token("Ana")
+        waiting = (await api.create(ana))["table_id"]
+        full, creator, joiner = await api.table_for_two()
+        seat = (await api.view(full))["hand"]["to_act"]
+        caio = api.token("Caio")
+        conn = await asyncpg.connect(s.database_url)
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT 1 FROM gin_table.tables WHERE table_id = ANY($1::text[]) FOR UPDATE",
+                    [waiting, full],
+                )
+                join = f"/v1/tables/{waiting}/join"
+                bot = f"/v1/tables/{waiting}/bot"
+                for replica in (api, other):
+                    status, body, _ = await answer(
+                        replica, "POST", join, caio, {"invite_code": "wrong-code-wrong-code1"}
+                    )
+                    assert_error(status, body, 403, "bad_invite_code", None)
+                    status, body, _ = await answer(replica, "POST", bot, caio, {"level": "tito"})
+                    assert_error(status, body, 403, "not_creator", "R10.1")
+                    for table_id in (waiting, full):
+                        path = f"/v1/tables/{table_id}/commands"
+                        status, body, _ = await answer(
+                            replica, "POST", path, caio, {"type": "resign"}
+                        )
+                        assert_error(status, body, 403, "not_seated", "R10.1")
+                path = f"/v1/tables/{full}/commands"
+                seated = [creator, joiner][seat]
+                status, body, _ = await answer(api, "POST", path, seated, {"type": "pass_upcard"})
+                assert_error(status, body, 503, "busy", None)  # the lock is really held
+        finally:
+            await conn.close()
+        assert (await api.view(waiting))["status"] == "waiting"
+
+
 async def test_websocket_connections_are_limited_per_identity(settings: Settings) -> None:
     async with open_api(limited(settings, rate_sockets=2)) as api:
         table_id, ana, _ = await api.table_for_two()
