@@ -470,19 +470,15 @@ def test_who_reaches_the_services(overlay: str) -> None:
 
 def test_prod_scales_as_asked() -> None:
     objs = rendered("prod")
-    assert "replicas" not in named(objs, "Deployment", "gin-table")["spec"], "the HPA owns it"
+    assert "replicas" not in named(objs, "Deployment", "gin-table")["spec"], "KEDA owns it"
     assert "replicas" not in named(objs, "Deployment", "gin-bots")["spec"], "KEDA owns it"
     assert named(objs, "Deployment", "gin-chat")["spec"]["replicas"] == 2
     assert named(objs, "Deployment", "gin-timers")["spec"]["replicas"] == 2
     assert named(objs, "Deployment", "gin-table-relay")["spec"]["replicas"] == 2
-    hpa = named(objs, "HorizontalPodAutoscaler", "gin-table")["spec"]
-    assert hpa["scaleTargetRef"] == {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "name": "gin-table",
-    }
-    assert hpa["minReplicas"] >= 3
-    assert hpa["maxReplicas"] > hpa["minReplicas"]
+    table = named(objs, "ScaledObject", "gin-table")["spec"]  # tests/deploy/test_scaling.py
+    assert table["scaleTargetRef"] == {"name": "gin-table"}
+    assert table["minReplicaCount"] >= 3
+    assert table["maxReplicaCount"] > table["minReplicaCount"]
     scaled = named(objs, "ScaledObject", "gin-bots")["spec"]
     assert scaled["scaleTargetRef"]["name"] == "gin-bots"
     assert scaled["minReplicaCount"] >= 1
