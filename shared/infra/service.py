@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobust
 from aiohttp import web
 from prometheus_client import Histogram
 
-from shared.infra import amqp, db
+from shared.infra import amqp, db, files
 from shared.infra.auth import UnsafeTokenSettings, check_token_settings
 from shared.infra.consumer import transient
 from shared.infra.internals import UntestedVersion, check_versions
@@ -296,7 +296,8 @@ def main(
     applies its migrations and exits. ``default_port`` applies when GIN_HTTP_PORT is unset.
     A service that ``verifies_tokens`` exits at once (one line, status 1) with settings it
     must not verify them with (``auth.check_token_settings``); every service exits so on a
-    library version ``internals`` was not tested with."""
+    library version ``internals`` was not tested with. Before its app is made, a service
+    raises its soft limit on open files to the hard one (``files.raise_limit``)."""
     try:
         settings = Settings.from_env()
     except msgspec.ValidationError as exc:
@@ -313,6 +314,7 @@ def main(
         return
     if verifies_tokens:
         refuse_unsafe_token_settings(settings)
+    files.raise_limit()  # before the app: it may read the limit (the table's FileBudget)
     app = create_app(settings)
     app.on_startup.append(_freeze_heap)
     web.run_app(
