@@ -78,7 +78,11 @@ def server_urls() -> Iterator[tuple[str, str]]:
         from testcontainers.postgres import PostgresContainer
         from testcontainers.rabbitmq import RabbitMqContainer
 
-        with PostgresContainer("postgres:15", driver=None) as pg, RabbitMqContainer() as mq:
+        # The same pinned releases as the manifests (deploy/k8s/overlays/dev).
+        with (
+            PostgresContainer("postgres:15.20-bookworm", driver=None) as pg,
+            RabbitMqContainer("rabbitmq:4.3.2-management") as mq,
+        ):
             host, port = mq.get_container_host_ip(), mq.get_exposed_port(5672)
             yield pg.get_connection_url(), f"amqp://guest:guest@{host}:{port}/"
     else:

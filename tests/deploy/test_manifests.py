@@ -1,7 +1,8 @@
 """The Kubernetes manifests (deploy/k8s), rendered by ``kubectl kustomize`` as a deploy would.
 
 Both overlays render; every object of a built-in kind passes kubernetes-validate's strict
-schemas for Kubernetes 1.30; every workload has probes, resources, a non-root read-only
+schemas for Kubernetes 1.35 and 1.37 (the operators' kinds are checked against their CRDs in
+test_operator_schemas.py); every workload has probes, resources, a non-root read-only
 container and a grace period that covers its drain; every setting the code reads is set from a
 ConfigMap or a Secret, and nothing stale is (no drift between shared/infra/settings.py and the
 manifests); the NetworkPolicies let each service reach only what it uses; production scales
@@ -45,12 +46,22 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 RUNBOOK = ROOT / "deploy" / "README.md"
 KUBECTL = shutil.which("kubectl")
-KUBERNETES_VERSION = "1.30"
+# The oldest and the newest Kubernetes minor releases upstream supports (1.34's support ended
+# in October 2026): an object must be valid on both, neither an API removed since nor a field
+# added after. kubernetes-validate ships each release's schemas.
+KUBERNETES_VERSIONS = ("1.35", "1.37")
+KUBERNETES_VERSION = KUBERNETES_VERSIONS[0]
 OVERLAYS = ("dev", "prod")
 NAMESPACES = {"dev": "gin-dev", "prod": "gin"}
 # The API groups of the custom resources (operators' CRDs): kubernetes-validate has no schema
 # for them. Anything else without a schema is a mistake (a built-in kind misspelt).
-CUSTOM_GROUPS = {"postgresql.cnpg.io", "rabbitmq.com", "keda.sh", "monitoring.coreos.com"}
+CUSTOM_GROUPS = {
+    "postgresql.cnpg.io",
+    "barmancloud.cnpg.io",
+    "rabbitmq.com",
+    "keda.sh",
+    "monitoring.coreos.com",
+}
 SERVICES = ("table", "chat", "timers", "bots")
 # The table's outbox relay (services.table.relay, GIN_RELAY_APART on the replicas) is a
 # workload of its own, scraped only.
@@ -165,7 +176,8 @@ def test_builtin_kinds_pass_strict_validation(overlay: str) -> None:
     for obj in rendered(overlay):
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         try:
-            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            for version in KUBERNETES_VERSIONS:
+                kubernetes_validate.validate(obj, version, strict=True)
             validated += 1
         except kubernetes_validate.SchemaNotFoundError:
             group = obj["apiVersion"].split("/")[0]
@@ -321,7 +333,8 @@ def test_prod_secrets_are_in_the_runbook() -> None:
     cluster = named(objs, "Cluster", "gin-postgres")["spec"]
     needed.add(cluster["bootstrap"]["initdb"]["secret"]["name"])
     needed |= {r["passwordSecret"]["name"] for r in cluster["managed"]["roles"]}
-    credentials = cluster["backup"]["barmanObjectStore"]["s3Credentials"]
+    (store,) = of_kind(objs, "ObjectStore")
+    credentials = store["spec"]["configuration"]["s3Credentials"]
     needed |= {ref["name"] for ref in credentials.values()}
     assert not of_kind(objs, "Secret"), "production Secrets are never in git"
     runbook = RUNBOOK.read_text()
@@ -810,10 +823,22 @@ def test_every_metric_is_in_the_runbook() -> None:
 
 def test_prometheus_scrapes_every_service() -> None:
     objs = rendered("prod")
-    (monitor,) = of_kind(objs, "PodMonitor")
+    monitor = named(objs, "PodMonitor", "gin-services")
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["http"]
     for deployment in of_kind(objs, "Deployment"):
         assert _selects(monitor["spec"]["selector"], _pod_labels(deployment))
+
+
+def test_prometheus_scrapes_postgres_through_a_podmonitor_of_its_own() -> None:
+    """CloudNativePG's monitoring.enablePodMonitor is deprecated: the overlay has its own,
+    selecting the Cluster's instances (labelled cnpg.io/cluster) on their exporter's port."""
+    objs = rendered("prod")
+    cluster = named(objs, "Cluster", "gin-postgres")
+    assert "enablePodMonitor" not in cluster["spec"].get("monitoring", {})
+    monitor = named(objs, "PodMonitor", "gin-postgres")
+    instance = {"cnpg.io/cluster": cluster["metadata"]["name"]}
+    assert _selects(monitor["spec"]["selector"], instance)
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
 
 
 # --- the image ---------------------------------------------------------------------------------

@@ -95,26 +95,64 @@ def test_prod_gives_each_service_a_role_owning_its_schema() -> None:
     assert owner not in roles, "the database owner is no service's role"
 
 
+BARMAN_PLUGIN = "barman-cloud.cloudnative-pg.io"
+
+
+def object_store(objs: tuple[Obj, ...], name: str) -> Obj:
+    """The Barman Cloud plugin's ObjectStore of that name."""
+    return named(objs, "ObjectStore", name)
+
+
 def test_prod_backs_up_postgres_to_an_object_store() -> None:
     objs = rendered("prod")
     cluster = named(objs, "Cluster", "gin-postgres")
-    backup = cluster["spec"]["backup"]
-    assert re.fullmatch(r"[1-9][0-9]*[dwm]", backup["retentionPolicy"])
-    store = backup["barmanObjectStore"]
-    assert store["destinationPath"].startswith("s3://")
-    assert set(store["s3Credentials"]) == {"accessKeyId", "secretAccessKey"}
-    assert {ref["name"] for ref in store["s3Credentials"].values()} == {"gin-backup-s3"}
-    assert store["wal"]["compression"]
-    assert store["data"]["compression"]
+    assert "backup" not in cluster["spec"], "the in-tree barmanObjectStore is deprecated"
+    (archiver,) = [p for p in cluster["spec"]["plugins"] if p.get("isWALArchiver")]
+    assert archiver["name"] == BARMAN_PLUGIN
+    assert "serverName" not in archiver["parameters"], "the Cluster's own name"
+    store = object_store(objs, archiver["parameters"]["barmanObjectName"])["spec"]
+    assert re.fullmatch(r"[1-9][0-9]*[dwm]", store["retentionPolicy"])
+    configuration = store["configuration"]
+    assert configuration["destinationPath"].startswith("s3://")
+    assert set(configuration["s3Credentials"]) == {"accessKeyId", "secretAccessKey"}
+    assert {ref["name"] for ref in configuration["s3Credentials"].values()} == {"gin-backup-s3"}
+    assert configuration["wal"]["compression"]
+    assert configuration["data"]["compression"]
     (scheduled,) = of_kind(objs, "ScheduledBackup")
     spec = scheduled["spec"]
     assert spec["cluster"] == {"name": cluster["metadata"]["name"]}
-    assert spec["method"] == "barmanObjectStore"
+    assert spec["method"] == "plugin"
+    assert spec["pluginConfiguration"]["name"] == BARMAN_PLUGIN
     assert spec["backupOwnerReference"] == "self"
     fields = spec["schedule"].split()
     assert len(fields) == 6, "CloudNativePG's schedule has seconds first"
     assert fields[3:] == ["*", "*", "*"], "at least daily"
     assert spec["immediate"] is True, "a base backup as soon as the Cluster exists"
+
+
+def test_prod_replicates_synchronously() -> None:
+    """A commit waits for one standby's WAL, and waits rather than go on without one: a
+    failover then loses no acknowledged move (issue 27)."""
+    cluster = named(rendered("prod"), "Cluster", "gin-postgres")["spec"]
+    synchronous = cluster["postgresql"]["synchronous"]
+    assert synchronous["dataDurability"] == "required"
+    assert synchronous["method"] in ("any", "first")
+    assert synchronous["number"] >= 1
+    assert cluster["instances"] >= synchronous["number"] + 2, "one standby may be lost"
+    parameters = cluster["postgresql"].get("parameters", {})
+    assert parameters.get("synchronous_commit", "on") in ("on", "remote_write", "remote_apply")
+
+
+def test_postgres_images_are_pinned() -> None:
+    """A minor release (or a digest), never a floating major tag."""
+    pinned = re.compile(r"[^:@]+(:[0-9]+\.[0-9]+(-[a-z0-9]+)*|@sha256:[0-9a-f]{64})")
+    cluster = named(rendered("prod"), "Cluster", "gin-postgres")["spec"]
+    assert pinned.fullmatch(cluster["imageName"]), cluster["imageName"]
+    assert restore_cluster()["spec"]["imageName"] == cluster["imageName"]
+    dev = named(rendered("dev"), "StatefulSet", "gin-postgres")
+    (server,) = dev["spec"]["template"]["spec"]["containers"]
+    assert pinned.fullmatch(server["image"]), server["image"]
+    assert not pinned.fullmatch("postgres:15-bookworm")
 
 
 def restore_cluster() -> Obj:
@@ -143,11 +181,16 @@ def test_the_runbook_restores_from_the_backups_to_a_point_in_time() -> None:
     target = recovery["recoveryTarget"]["targetTime"]
     assert datetime.fromisoformat(target).utcoffset() is not None, "a time with its zone"
     (source,) = [c for c in spec["externalClusters"] if c["name"] == recovery["source"]]
-    store = source["barmanObjectStore"]
-    archived = production["spec"]["backup"]["barmanObjectStore"]
-    assert store["destinationPath"] == archived["destinationPath"]
-    assert store["s3Credentials"] == archived["s3Credentials"]
-    assert store["serverName"] == production["metadata"]["name"]
+    (archiver,) = [p for p in production["spec"]["plugins"] if p.get("isWALArchiver")]
+    assert source["plugin"]["name"] == archiver["name"] == BARMAN_PLUGIN
+    read = source["plugin"]["parameters"]
+    assert read["barmanObjectName"] == archiver["parameters"]["barmanObjectName"]
+    assert read["serverName"] == production["metadata"]["name"]
+    object_store(objs, read["barmanObjectName"])
+    # It archives beside production's WAL, never over it, and as durably.
+    (own,) = [p for p in spec["plugins"] if p.get("isWALArchiver")]
+    assert own["parameters"]["serverName"] == restored["metadata"]["name"]
+    assert spec["postgresql"]["synchronous"] == production["spec"]["postgresql"]["synchronous"]
     # Its pods reach each other (replication) and the services reach it, as production's.
     policies = of_kind(objs, "NetworkPolicy")
     pods = {p.name: p for p in _pods((*objs, restored), NAMESPACES["prod"])}
