@@ -14,14 +14,19 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 WORKDIR /src
+# The locked dependencies first, each file checked against its hash (requirements/service.txt,
+# made by make lock; it pins setuptools, which builds the wheel below): a layer that changes only
+# with the lock. Wheels: no compiler.
+COPY requirements/service.txt ./requirements/
+RUN /opt/venv/bin/pip install --require-hashes -r requirements/service.txt
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
-# Build the project's wheel, then install it and its dependencies (wheels: no compiler) into
-# the venv the runtime stage copies.
-RUN /opt/venv/bin/pip install --upgrade pip \
- && /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/venv/bin/pip install /wheels/*.whl
+# Then the project's wheel, built with the locked setuptools and installed without dependencies
+# into the venv the runtime stage copies: nothing past the lock comes in.
+RUN /opt/venv/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+ && /opt/venv/bin/pip install --no-deps /wheels/*.whl \
+ && /opt/venv/bin/pip check
 # The migrations must be in the wheel (package data): fail the build here, not the deploy.
 RUN test "$(find shared services -name '*.sql' | sort)" = \
     "$(cd /opt/venv/lib/python3.11/site-packages && find shared services -name '*.sql' | sort)"

@@ -2,19 +2,31 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+DEV_LOCK := requirements/dev.txt
+# The venv is the dev lock's set: installed again whenever the lock (or pyproject) changes.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(DEV_LOCK) | cksum | cut -d' ' -f1)
 
-.PHONY: dev test check fmt bench chaos venv clean servers servers-stop asyncapi openapi docs manifests \
+.PHONY: dev test check fmt bench chaos venv lock clean servers servers-stop asyncapi openapi docs manifests \
 	browser \
 	contracts-schema contracts-dist
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Exactly the locked versions, each file checked against its hash (requirements/dev.txt pins pip
+# and setuptools too); then the project itself, built with the locked setuptools; then out
+# goes whatever the lock no longer pins.
+$(STAMP): pyproject.toml $(DEV_LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(DEV_LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python scripts/lock.py prune
 	@rm -f $(VENV)/.installed-* && touch $@
+
+# Resolve requirements/service.txt and requirements/dev.txt again from pyproject (uv pip compile,
+# for CPython 3.11 on Linux x86_64 and aarch64, with hashes). Pins pyproject still allows are
+# kept; UPGRADE=1 takes the newest allowed versions, UPGRADE="aiohttp yarl" those packages'.
+lock: venv
+	$(BIN)/python scripts/lock.py lock $(if $(filter 1,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
 
 # The checks run first: CI (.ci/run) calls only `make test`, and a lint or type error fails it.
 test: check browser
@@ -38,10 +50,14 @@ servers: venv
 servers-stop:
 	$(PYTHON) scripts/servers.py stop --state-dir .run/servers
 
+# The locks first (offline: they agree with pyproject), pip-audit on them last (skipped, saying
+# so, when the advisory data cannot be reached).
 check: venv
+	$(BIN)/python scripts/lock.py check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python scripts/lock.py audit
 
 fmt: venv
 	$(BIN)/ruff check --fix .
