@@ -36,6 +36,29 @@ HISTORY_ARGUMENTS: dict[str, object] = {
 }
 
 
+# Dead letters (docs/DESIGN.md section 3). gin.dead is a quorum queue, replicated like the work
+# queues, and each work queue hands over what it rejects at least once: RabbitMQ (3.10 and
+# later) keeps a dead letter in its source quorum queue until gin.dead has confirmed it, so a
+# dead letter survives gin.dead being away, unbound or being recreated; at most once (the
+# default) drops it. The broker honours the strategy only with reject-publish overflow (with
+# drop-head it falls back to at most once); with no length limit set that changes nothing for
+# publishers, and they all publish with confirms and retry a nack. The prod overlay declares
+# the same arguments: a difference refuses the services' start with PRECONDITION_FAILED, and an
+# existing queue declared otherwise must be recreated (deploy/README.md).
+DEAD_LETTER_ARGUMENTS: dict[str, object] = {"x-queue-type": "quorum"}
+
+
+def work_queue_arguments(prefix: str) -> dict[str, object]:
+    """The arguments of a work queue: quorum, its rejected messages to ``gin.dead`` at least
+    once."""
+    return {
+        "x-queue-type": "quorum",
+        "x-dead-letter-exchange": prefix + DEAD_LETTER,
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
 async def connect(url: str) -> AbstractRobustConnection:
     """A connection that reconnects by itself and restores its channels and queues."""
     return await aio_pika.connect_robust(url, client_properties={"connection_name": "gin"})
@@ -56,7 +79,8 @@ async def declare_topology(
     """Declare the exchanges and shared queues a service owns (idempotent), or all of them
     when ``service`` is None; return the exchanges it publishes to, by unprefixed name.
 
-    Poison messages of the command and bot queues go to the dead-letter queue. Every event
+    Poison messages of the command and bot queues go to the dead-letter queue, at least once
+    (``work_queue_arguments``). Every event
     of ``gin.events`` is also kept in the history stream ``HISTORY_STREAM``. Bots and timers
     send commands through ``COMMANDS_EXCHANGE``, which the table service declares: theirs is a
     reference, not a declaration (their users may not configure it).
@@ -65,10 +89,7 @@ async def declare_topology(
         raise ValueError(f"no broker topology for the service {service!r}")
     every = service is None
     exchanges: dict[str, AbstractExchange] = {}
-    work_queue_args: dict[str, object] = {
-        "x-queue-type": "quorum",
-        "x-dead-letter-exchange": prefix + DEAD_LETTER,
-    }
+    work_queue_args = work_queue_arguments(prefix)
 
     async def exchange(name: str, kind: aio_pika.ExchangeType) -> AbstractExchange:
         exchanges[name] = await channel.declare_exchange(prefix + name, kind, durable=True)
@@ -76,7 +97,11 @@ async def declare_topology(
 
     if every or service == "table":
         dead = await exchange(DEAD_LETTER, aio_pika.ExchangeType.FANOUT)
-        dead_queue = await channel.declare_queue(prefix + DEAD_LETTER, durable=True)
+        dead_queue = await channel.declare_queue(
+            prefix + DEAD_LETTER,
+            durable=True,
+            arguments=DEAD_LETTER_ARGUMENTS,  # type: ignore[arg-type]
+        )
         await dead_queue.bind(dead)
         await exchange(SOCKETS_EXCHANGE, aio_pika.ExchangeType.FANOUT)
         commands = await exchange(COMMANDS_EXCHANGE, aio_pika.ExchangeType.DIRECT)
