@@ -7,7 +7,7 @@ DEV_LOCK := requirements/dev.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(DEV_LOCK) | cksum | cut -d' ' -f1)
 
 .PHONY: dev test check fmt bench chaos venv lock clean servers servers-stop asyncapi openapi docs manifests \
-	browser \
+	browser image image-tools \
 	contracts-schema contracts-dist
 
 venv: $(STAMP)
@@ -29,7 +29,7 @@ lock: venv
 	$(BIN)/python scripts/lock.py lock $(if $(filter 1,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
 
 # The checks run first: CI (.ci/run) calls only `make test`, and a lint or type error fails it.
-test: check browser
+test: check browser image-tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # tests/web drive Debian's Chromium (/usr/bin/chromium): installed here when missing (as root,
@@ -43,6 +43,25 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium; \
 	  } >.run/chromium.log 2>&1 || \
 	  echo "make: chromium could not be installed (see .run/chromium.log): tests/web will skip"; }
+
+# The image of the Dockerfile, built here with Debian's buildah on a base made from Debian's
+# packages (scripts/image.py: no registry of images needed): IMAGE=... names it.
+IMAGE ?= localhost/gin:dev
+image: image-tools
+	$(PYTHON) scripts/image.py build --tag $(IMAGE)
+
+# buildah, podman, runc and mmdebstrap: installed when missing (as root, or with sudo that asks
+# no password). When they cannot be, tests/deploy/test_image.py skips and says why.
+image-tools:
+	@command -v buildah >/dev/null 2>&1 && command -v podman >/dev/null 2>&1 && \
+	command -v runc >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1 || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  echo "make: installing Debian's buildah, podman, runc and mmdebstrap for the image"; \
+	  mkdir -p .run; \
+	  { $$sudo apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q buildah podman runc mmdebstrap; \
+	  } >.run/image-tools.log 2>&1 || \
+	  echo "make: the image's tools could not be installed (see .run/image-tools.log): tests/deploy/test_image.py will skip"; }
 
 servers: venv
 	$(BIN)/python scripts/servers.py ensure --state-dir .run/servers --env-file .run/servers.env
