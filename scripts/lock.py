@@ -259,8 +259,10 @@ def _write(kind: str, compiled: Path, work: Path, target: Path, digest: str) -> 
     body = compiled.read_text()
     body = body.replace(f"-r {work / (kind + '.in')}", "pyproject.toml")
     body = body.replace(f"-c {work / 'service-pins.txt'}", "service.txt")
-    header = HEADERS[kind] + COMMON_HEADER + f"# inputs: sha256:{digest}\n"
-    target.write_text(header + body)
+    text = HEADERS[kind] + COMMON_HEADER + f"# inputs: sha256:{digest}\n" + body
+    # An unchanged lock keeps its mtime: make venv's stamp depends on it.
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
 
 
 def lock(upgrade: Sequence[str], pyproject: Path = ROOT / "pyproject.toml") -> None:
