@@ -260,7 +260,8 @@ OPS: tuple[Op, ...] = (
         "binary frame by an `error`). Authenticate with `?token=` (browsers cannot set headers "
         "on a WebSocket); a plain GET, not an upgrade, is refused with 400. The close codes "
         "are listed in `x-websocket.close-codes`: after 1001 or 4008 reconnect and catch up "
-        "with `getEvents`; after 4001 reconnect with a fresh token.",
+        "with `getEvents`; after 4001 reconnect with a fresh token; after 1013, sent at once "
+        "by a replica with no room for another socket, reconnect in a few seconds.",
         auth="optional",
         ok=(101, "Switching Protocols: the WebSocket is open.", None),
         errors=(400, 401, 404, 429, 503),
@@ -282,6 +283,11 @@ OPS: tuple[Op, ...] = (
                         (ws.CLOSE_GOING_AWAY, "This replica shuts down: reconnect to another."),
                         (CLOSE_INVALID_TEXT, "A text frame that is not UTF-8."),
                         (ws.CLOSE_MESSAGE_TOO_BIG, "A message larger than `max-message-bytes`."),
+                        (
+                            ws.CLOSE_TRY_AGAIN_LATER,
+                            "At once, before the snapshot: the replica has no room for another"
+                            " socket (its open files). Reconnect in a few seconds.",
+                        ),
                         (ws.CLOSE_TOKEN_EXPIRED, "The token expired: reconnect with a new one."),
                         (ws.CLOSE_TOO_SLOW, "The client fell behind: resume by seq."),
                     )

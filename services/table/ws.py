@@ -54,6 +54,7 @@ from shared.contracts.envelope import Envelope, envelope_decoder
 from shared.contracts.names import EVENTS_EXCHANGE, SOCKETS_EXCHANGE
 from shared.contracts.views import TableView
 from shared.infra.auth import AuthError, Identity
+from shared.infra.files import FileBudget
 from shared.infra.ops import count_buckets
 from shared.infra.service import POOL, SETTINGS
 
@@ -65,9 +66,12 @@ GAP_FILL_LIMIT = 1000
 # The close codes of the table socket (documented in docs/openapi.yaml and asyncapi.yaml).
 CLOSE_GOING_AWAY = int(WSCloseCode.GOING_AWAY)  # 1001: this replica stops; reconnect elsewhere
 CLOSE_MESSAGE_TOO_BIG = int(WSCloseCode.MESSAGE_TOO_BIG)  # 1009: aiohttp's, past max_msg_size
+# 1013: the replica has no file to spare for another socket; reconnect in a few seconds.
+CLOSE_TRY_AGAIN_LATER = int(WSCloseCode.TRY_AGAIN_LATER)
 CLOSE_TOKEN_EXPIRED = 4001  # the token's exp (plus the leeway) passed: reconnect with a new one
 CLOSE_TOO_SLOW = 4008  # the client fell past its send queue: reconnect and resume by seq
 GOING_AWAY_REASON = "server shutting down"
+TRY_AGAIN_REASON = "server full: reconnect in a few seconds"
 TOKEN_EXPIRED_REASON = "token expired: reconnect with a fresh token"
 # A close reason has at most 123 bytes (RFC 6455 5.5), so it names the route, not the table.
 TOO_SLOW_REASON = "too slow: reconnect, then GET /v1/tables/{id}/events?after=<last seq>"
@@ -116,7 +120,8 @@ class Client:
 
 
 class SocketMetrics:
-    """Open sockets, how full their send queues run, and those closed as too slow."""
+    """Open sockets, how full their send queues run, those closed as too slow, and those
+    refused for want of files."""
 
     def __init__(self, registry: CollectorRegistry, bound: int) -> None:
         self.open_sockets = Gauge(
@@ -136,6 +141,13 @@ class SocketMetrics:
         self.too_slow = Counter(
             "gin_websockets_too_slow",
             f"Sockets closed with {CLOSE_TOO_SLOW}: their send queue was full",
+            registry=registry,
+        )
+        self.refused = Counter(
+            "gin_websockets_refused",
+            f"New WebSockets closed at once with {CLOSE_TRY_AGAIN_LATER}: the process had more"
+            " files open (process_open_fds) than its limit (process_max_fds) less"
+            " GIN_FILES_RESERVE",
             registry=registry,
         )
 
@@ -587,6 +599,7 @@ def _abort_if_stuck(transport: asyncio.Transport | None) -> None:
 
 
 HUB = web.AppKey("hub", Hub)
+FILES = web.AppKey("files", FileBudget)
 
 
 def watched_keys(table_id: str) -> tuple[str, ...]:
@@ -605,6 +618,8 @@ def closes_at(identity: Identity | None, leeway_s: float) -> float | None:
 
 async def table_socket(request: web.Request) -> web.StreamResponse:
     """``GET /v1/tables/{id}/ws``: watch a table; a seated client may also send commands."""
+    if not request.app[FILES].admits():  # first: a refusal reads nothing, counts nothing
+        return await _refuse_socket(request)
     table_id = request.match_info["id"]
     identity = identity_of(request, required=False, query_token=True)
     if identity is not None:  # watchers without a token are many and nameless: not counted
@@ -630,6 +645,17 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
             await _on_message(request, client, msg)
     finally:
         await hub.release(client)
+    return ws
+
+
+async def _refuse_socket(request: web.Request) -> web.WebSocketResponse:
+    """Open the socket only to close it with 1013 and a reason: a browser's WebSocket is
+    told nothing of an upgrade refused over HTTP (a 503 is a 1006 to the page, as a
+    network cut is). The close is bounded as every close is."""
+    request.app[HUB].metrics.refused.inc()
+    ws = web.WebSocketResponse(timeout=CLOSE_TIMEOUT_S)
+    await ws.prepare(request)
+    await ws.close(code=CLOSE_TRY_AGAIN_LATER, message=TRY_AGAIN_REASON.encode())
     return ws
 
 

@@ -56,6 +56,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     group_commit_statements: int = 4
     group_commit_changes: int = 64
     ws_send_queue: int = 256  # frames queued for one socket; a client past it is closed (4008)
+    # Open files kept free of WebSockets (for the pool, the broker, probes, plain requests): a
+    # new socket is closed with 1013 while the process has more open than its limit less this.
+    files_reserve: int = 256
     # Per-identity limits, valid across replicas: so many per window (seconds), then 429.
     rate_commands: int = 600
     rate_commands_window_s: float = 60.0
