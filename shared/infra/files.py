@@ -29,6 +29,11 @@ log = structlog.get_logger()
 FD_DIR = Path("/proc/self/fd")  # one entry per open file of this process
 NR_OPEN = Path("/proc/sys/fs/nr_open")  # the kernel's cap on any process's limit
 NR_OPEN_DEFAULT = 1 << 20  # Linux's default fs.nr_open, when it cannot be read
+# Never raised past this (Linux's default fs.nr_open): a hard limit of systemd's "infinity" is
+# fs.nr_open, which systemd sets to 2**30, and what walks every possible descriptor (a
+# child's close_fds without /proc, say) would walk a billion. A socket costs a table replica
+# some 20 KiB, so this is past any memory it is given.
+SOFT_CAP = 1 << 20
 UNLIMITED = resource.RLIM_INFINITY
 
 
@@ -43,14 +48,16 @@ class FileLimit(NamedTuple):
 
 def soft_target(hard: int, nr_open: int) -> int:
     """The soft limit to raise to: the hard one, or the kernel's cap when it is unlimited
-    (a soft limit above ``fs.nr_open`` is refused).
+    (a soft limit above ``fs.nr_open`` is refused); ``SOFT_CAP`` at most.
 
     >>> soft_target(524_288, 1_048_576)
     524288
     >>> soft_target(UNLIMITED, 1_048_576)
     1048576
+    >>> soft_target(1_073_741_816, 1_073_741_816)  # systemd's "infinity"
+    1048576
     """
-    return nr_open if hard == UNLIMITED else hard
+    return min(nr_open if hard == UNLIMITED else hard, SOFT_CAP)
 
 
 def _nr_open() -> int:
@@ -61,8 +68,9 @@ def _nr_open() -> int:
 
 
 def raise_limit() -> FileLimit:
-    """Raise this process's soft limit on open files to its hard limit and log one line
-    with both, before and after (a refusal of the kernel leaves it as it was, logged)."""
+    """Raise this process's soft limit on open files to its hard limit (``soft_target``) and
+    log one line with both, before and after (a refusal of the kernel leaves it as it was,
+    logged)."""
     before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     soft = before
     target = soft_target(hard, _nr_open())
