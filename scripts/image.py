@@ -177,6 +177,7 @@ def build(tag: str = DEFAULT_TAG, refresh_base: bool = False) -> str:
                 "--isolation=chroot",
                 "--network=host",
                 "--layers",
+                "--force-rm",  # no working container left behind by a failed step
                 f"--build-arg=PYTHON_IMAGE={BASE_IMAGE}",
                 *trust,
                 f"--iidfile={iidfile}",
