@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -112,9 +113,42 @@ def locked() -> Iterator[None]:
 
 
 def _run(command: Sequence[str], what: str) -> None:
+    """``command``, its output passed on; its last lines in the error when it fails."""
     print("+", " ".join(command), file=sys.stderr, flush=True)
-    if subprocess.run(command).returncode != 0:
-        raise ImageError(f"{what} failed: {' '.join(command)}")
+    last: deque[str] = deque(maxlen=12)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            sys.stderr.write(line)
+            last.append(line)
+    if process.returncode != 0:
+        raise ImageError(
+            f"{what} failed (exit {process.returncode}): {' '.join(command)}\n{''.join(last)}"
+        )
+
+
+def cannot_run() -> str | None:
+    """Why this machine cannot run the build's steps or a container of the base, or None.
+
+    Checked before a build, so that a test can tell a machine that cannot (no privileges to
+    mount or chroot, a runtime that fails here) from a Dockerfile that does not build.
+    """
+    container = f"gin-probe-{os.getpid()}"
+    checks = (
+        (["buildah", "from", "--quiet", f"--name={container}", BASE_IMAGE], "buildah from"),
+        (["buildah", "run", "--isolation=chroot", container, "true"], "buildah run (chroot)"),
+        (run_command(["--rm", "--network=host", BASE_IMAGE, "true"]), "podman run"),
+    )
+    try:
+        for command, what in checks:
+            done = subprocess.run(command, capture_output=True, text=True, errors="replace")
+            if done.returncode != 0:
+                return f"{what} fails here: {(done.stderr or done.stdout).strip()}"
+        return None
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True)
 
 
 def ensure_base(refresh: bool = False) -> str:

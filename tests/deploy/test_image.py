@@ -6,8 +6,9 @@ unchanged tree take seconds). From the image, as uid 10001 on a read-only root f
 the host's network: the table, chat and timers services' migrations on a database of their
 own, then the table service, whose ``/readyz`` answers 200 with PostgreSQL and RabbitMQ
 reached, and which ends with status 0 on ``podman stop`` (SIGTERM). Without buildah, podman or
-mmdebstrap (``make image-tools`` installs them, as ``make test`` does), or not as root, it
-skips and says why.
+mmdebstrap (``make image-tools`` installs them, as ``make test`` does), not as root, without
+its base (made from Debian's mirror) or on a machine where buildah's steps or podman's
+containers cannot run, it skips and says why; a Dockerfile that does not build fails.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def image_id() -> str:
         )
     if os.geteuid() != 0:
         pytest.skip("the image is built as root here (mmdebstrap, buildah), and this is not root")
+    # What the machine cannot do skips, saying why: no base (Debian's mirror unreachable, say)
+    # or no container; a Dockerfile that does not build fails.
+    try:
+        image.ensure_base()
+    except image.ImageError as error:
+        pytest.skip(f"no base image: {error}")
+    reason = image.cannot_run()
+    if reason:
+        pytest.skip(reason)
     return image.build(TAG)
 
 
