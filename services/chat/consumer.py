@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry, Counter
 from services.chat import store
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import SeatTaken, TableClosed, TableExpired
-from shared.contracts.names import CHAT_QUEUE, DEAD_LETTER, EVENTS_EXCHANGE, table_event_key
+from shared.contracts.names import CHAT_QUEUE, EVENTS_EXCHANGE, table_event_key
+from shared.infra.amqp import work_queue_arguments
 from shared.infra.consumer import (
     Consumer,
     ConsumerMetrics,
@@ -46,7 +47,7 @@ async def declare_queue(channel: AbstractChannel, prefix: str) -> AbstractQueue:
     queue = await channel.declare_queue(
         prefix + CHAT_QUEUE,
         durable=True,
-        arguments={"x-queue-type": "quorum", "x-dead-letter-exchange": prefix + DEAD_LETTER},
+        arguments=work_queue_arguments(prefix),
     )
     for event_type in LEARNED_FROM:
         await queue.bind(exchange, table_event_key("*", event_type))

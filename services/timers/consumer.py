@@ -23,7 +23,8 @@ from services.timers import store
 from services.timers.deadlines import Durations, Kind, after_event
 from services.timers.metrics import TimerMetrics
 from shared.contracts.envelope import Envelope
-from shared.contracts.names import DEAD_LETTER, EVENTS_EXCHANGE, TIMERS_QUEUE
+from shared.contracts.names import EVENTS_EXCHANGE, TIMERS_QUEUE
+from shared.infra.amqp import work_queue_arguments
 from shared.infra.consumer import (
     UNDECODABLE,
     Consumer,
@@ -130,8 +131,7 @@ async def declare_queue(channel: aio_pika.abc.AbstractChannel, prefix: str) -> A
         prefix + TIMERS_QUEUE,
         durable=True,
         arguments={
-            "x-queue-type": "quorum",
+            **work_queue_arguments(prefix),
             "x-single-active-consumer": True,
-            "x-dead-letter-exchange": prefix + DEAD_LETTER,
         },
     )

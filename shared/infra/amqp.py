@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+from pamqp.common import FieldValue
 
 from shared.contracts.events import BotLevel
 from shared.contracts.names import (
@@ -28,7 +29,7 @@ BOT_LEVELS: tuple[BotLevel, ...] = ("tito", "carmen", "luna")
 # new subscriber reads from the first kept event or from a timestamp. The prod overlay declares
 # the same arguments (deploy/k8s/overlays/prod/rabbitmq-topology.yaml): a difference refuses
 # the services' start with PRECONDITION_FAILED.
-HISTORY_ARGUMENTS: dict[str, object] = {
+HISTORY_ARGUMENTS: dict[str, FieldValue] = {
     "x-queue-type": "stream",
     "x-max-age": "7D",
     "x-max-length-bytes": 20_000_000_000,
@@ -45,10 +46,10 @@ HISTORY_ARGUMENTS: dict[str, object] = {
 # publishers, and they all publish with confirms and retry a nack. The prod overlay declares
 # the same arguments: a difference refuses the services' start with PRECONDITION_FAILED, and an
 # existing queue declared otherwise must be recreated (deploy/README.md).
-DEAD_LETTER_ARGUMENTS: dict[str, object] = {"x-queue-type": "quorum"}
+DEAD_LETTER_ARGUMENTS: dict[str, FieldValue] = {"x-queue-type": "quorum"}
 
 
-def work_queue_arguments(prefix: str) -> dict[str, object]:
+def work_queue_arguments(prefix: str) -> dict[str, FieldValue]:
     """The arguments of a work queue: quorum, its rejected messages to ``gin.dead`` at least
     once."""
     return {
@@ -100,7 +101,7 @@ async def declare_topology(
         dead_queue = await channel.declare_queue(
             prefix + DEAD_LETTER,
             durable=True,
-            arguments=DEAD_LETTER_ARGUMENTS,  # type: ignore[arg-type]
+            arguments=DEAD_LETTER_ARGUMENTS,
         )
         await dead_queue.bind(dead)
         await exchange(SOCKETS_EXCHANGE, aio_pika.ExchangeType.FANOUT)
@@ -108,7 +109,7 @@ async def declare_topology(
         commands_queue = await channel.declare_queue(
             prefix + COMMANDS_QUEUE,
             durable=True,
-            arguments=work_queue_args,  # type: ignore[arg-type]
+            arguments=work_queue_args,
         )
         await commands_queue.bind(commands, prefix + COMMANDS_QUEUE)
     if every or service in ("table", "chat", "timers"):
@@ -116,7 +117,7 @@ async def declare_topology(
         history = await channel.declare_queue(
             prefix + HISTORY_STREAM,
             durable=True,
-            arguments=HISTORY_ARGUMENTS,  # type: ignore[arg-type]
+            arguments=HISTORY_ARGUMENTS,
         )
         await history.bind(events, "#")
     if every or service in ("table", "bots"):
@@ -126,7 +127,7 @@ async def declare_topology(
             queue = await channel.declare_queue(
                 prefix + bot_queue(level),
                 durable=True,
-                arguments=work_queue_args,  # type: ignore[arg-type]
+                arguments=work_queue_args,
             )
             await queue.bind(bots, bot_key(level))
     if service in ("bots", "timers"):

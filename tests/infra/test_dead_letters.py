@@ -28,7 +28,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from aiormq.exceptions import ChannelPreconditionFailed
 from prometheus_client import CollectorRegistry
 
+from services.chat import consumer as chat_consumer
 from services.table.consumer import decode_command
+from services.timers import consumer as timers_consumer
 from shared.contracts.compat import decode_bot_turn
 from shared.contracts.names import (
     BOTS_EXCHANGE,
@@ -103,6 +105,31 @@ async def test_gin_dead_is_quorum_and_work_queues_dead_letter_at_least_once(
             for argument in ("x-dead-letter-strategy", "x-overflow"):
                 refused = await refusal(connection, name, without(arguments, argument))
                 assert f"inequivalent arg '{argument}'" in refused, (name, refused)
+
+
+async def test_the_chat_and_timers_queues_dead_letter_at_least_once_too(
+    settings: Settings, prefix: str
+) -> None:
+    """The chat's and the timers' queues, which their services declare, dead-letter to
+    gin.dead as the others do: the broker refuses them declared without the strategy."""
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        declared = [
+            await chat_consumer.declare_queue(channel, prefix),
+            await timers_consumer.declare_queue(channel, prefix),
+        ]
+        for queue in declared:
+            arguments = dict(queue.arguments or {})
+            assert arguments["x-dead-letter-exchange"] == prefix + DEAD_LETTER
+            assert arguments["x-dead-letter-strategy"] == "at-least-once", queue.name
+            assert arguments["x-overflow"] == "reject-publish", queue.name
+            refused = await refusal(
+                connection, queue.name, without(arguments, "x-dead-letter-strategy")
+            )
+            assert "inequivalent arg 'x-dead-letter-strategy'" in refused, queue.name
+        assert declared[1].arguments is not None
+        assert declared[1].arguments["x-single-active-consumer"] is True
 
 
 async def dead_letters(
