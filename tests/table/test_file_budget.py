@@ -102,7 +102,8 @@ async def test_a_table_process_at_its_file_limit_refuses_sockets_with_1013(
         assert await metric(table.base, "process_max_fds") == 400
         base_files = table.open_files()
         assert base_files < 90, f"the table holds {base_files} files idle: raise the test's limit"
-        async with aiohttp.ClientSession() as session:
+        # No limit on the session's connections (aiohttp's is 100, sockets included).
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             api = Api(_Prefixed(session, table.base), settings)  # type: ignore[arg-type]
             table_id, ana, bia = await api.table_for_two()
             url = f"{table.base}{ws_path(table_id)}"
