@@ -652,9 +652,9 @@ async def _refuse_socket(request: web.Request) -> web.WebSocketResponse:
     """Open the socket only to close it with 1013 and a reason: a browser's WebSocket is
     told nothing of an upgrade refused over HTTP (a 503 is a 1006 to the page, as a
     network cut is). The close is bounded as every close is."""
-    request.app[HUB].metrics.refused.inc()
     ws = web.WebSocketResponse(timeout=CLOSE_TIMEOUT_S)
-    await ws.prepare(request)
+    await ws.prepare(request)  # a plain GET, not an upgrade, is refused with 400 here
+    request.app[HUB].metrics.refused.inc()
     await ws.close(code=CLOSE_TRY_AGAIN_LATER, message=TRY_AGAIN_REASON.encode())
     return ws
 

@@ -80,6 +80,8 @@ async def test_a_socket_past_the_budget_is_closed_with_1013_and_the_rest_go_on(
         await watching.send_str(msgspec.json.encode({"kind": "nonsense"}).decode())
         assert (await ws_receive(watching))["kind"] == "error"  # it reads and answers too
 
+        async with client.get(ws_path(table_id)) as r:  # a plain GET: 400, as ever
+            assert r.status == 400, await r.text()
         async with client.get("/metrics") as r:
             assert refused_count(await r.text()) == 2
 
