@@ -66,7 +66,7 @@ GAP_FILL_LIMIT = 1000
 # The close codes of the table socket (documented in docs/openapi.yaml and asyncapi.yaml).
 CLOSE_GOING_AWAY = int(WSCloseCode.GOING_AWAY)  # 1001: this replica stops; reconnect elsewhere
 CLOSE_MESSAGE_TOO_BIG = int(WSCloseCode.MESSAGE_TOO_BIG)  # 1009: aiohttp's, past max_msg_size
-# 1013: the replica has no file to spare for another socket; reconnect in a few seconds.
+# 1013: the replica is full (no file to spare, or GIN_MAX_SOCKETS held); reconnect in a while.
 CLOSE_TRY_AGAIN_LATER = int(WSCloseCode.TRY_AGAIN_LATER)
 CLOSE_TOKEN_EXPIRED = 4001  # the token's exp (plus the leeway) passed: reconnect with a new one
 CLOSE_TOO_SLOW = 4008  # the client fell past its send queue: reconnect and resume by seq
@@ -145,9 +145,10 @@ class SocketMetrics:
         )
         self.refused = Counter(
             "gin_websockets_refused",
-            f"New WebSockets closed at once with {CLOSE_TRY_AGAIN_LATER}: the process had more"
-            " files open (process_open_fds) than its limit (process_max_fds) less"
-            " GIN_FILES_RESERVE",
+            f"New WebSockets closed at once with {CLOSE_TRY_AGAIN_LATER}: reason files, the"
+            " process had more files open (process_open_fds) than its limit (process_max_fds)"
+            " less GIN_FILES_RESERVE; reason sockets, the replica held GIN_MAX_SOCKETS",
+            ["reason"],
             registry=registry,
         )
 
@@ -168,6 +169,7 @@ class Hub:
         self.prefix = prefix
         self.send_queue = send_queue
         self.clients: dict[str, set[Client]] = {}
+        self.sockets = 0  # the clients of every table: what GIN_MAX_SOCKETS bounds
         self.channel: AbstractChannel | None = None
         self.queue: AbstractQueue | None = None
         self.exchange: AbstractExchange | None = None
@@ -252,6 +254,7 @@ class Hub:
         watchers = self.clients.setdefault(table_id, set())
         first = not watchers
         watchers.add(client)
+        self.sockets += 1
         self.metrics.open_sockets.inc()
         if first and self.queue is not None and self.exchange is not None:
             for key in watched_keys(table_id):
@@ -263,6 +266,7 @@ class Hub:
         if watchers is None or client not in watchers:
             return False
         watchers.discard(client)
+        self.sockets -= 1
         self.metrics.open_sockets.dec()
         if watchers:
             return False
@@ -618,8 +622,9 @@ def closes_at(identity: Identity | None, leeway_s: float) -> float | None:
 
 async def table_socket(request: web.Request) -> web.StreamResponse:
     """``GET /v1/tables/{id}/ws``: watch a table; a seated client may also send commands."""
-    if not request.app[FILES].admits():  # first: a refusal reads nothing, counts nothing
-        return await _refuse_socket(request)
+    full = _full(request)  # first: a refusal reads nothing, counts nothing
+    if full is not None:
+        return await _refuse_socket(request, full)
     table_id = request.match_info["id"]
     identity = identity_of(request, required=False, query_token=True)
     if identity is not None:  # watchers without a token are many and nameless: not counted
@@ -648,13 +653,22 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-async def _refuse_socket(request: web.Request) -> web.WebSocketResponse:
+def _full(request: web.Request) -> str | None:
+    """Why this replica takes no more sockets ("files", "sockets"), or None if it does."""
+    if not request.app[FILES].admits():
+        return "files"
+    if request.app[HUB].sockets >= request.app[SETTINGS].max_sockets:
+        return "sockets"
+    return None
+
+
+async def _refuse_socket(request: web.Request, reason: str) -> web.WebSocketResponse:
     """Open the socket only to close it with 1013 and a reason: a browser's WebSocket is
     told nothing of an upgrade refused over HTTP (a 503 is a 1006 to the page, as a
     network cut is). The close is bounded as every close is."""
     ws = web.WebSocketResponse(timeout=CLOSE_TIMEOUT_S)
     await ws.prepare(request)  # a plain GET, not an upgrade, is refused with 400 here
-    request.app[HUB].metrics.refused.inc()
+    request.app[HUB].metrics.refused.labels(reason).inc()
     await ws.close(code=CLOSE_TRY_AGAIN_LATER, message=TRY_AGAIN_REASON.encode())
     return ws
 

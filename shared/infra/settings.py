@@ -59,6 +59,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Open files kept free of WebSockets (for the pool, the broker, probes, plain requests): a
     # new socket is closed with 1013 while the process has more open than its limit less this.
     files_reserve: int = 256
+    # Table WebSockets one replica holds at most; the next is closed with 1013. Its memory binds
+    # before its files (deploy/README.md, "How many matches"): keep it under the replica's
+    # memory limit at 21 KiB a socket, and over the autoscaler's socket target.
+    max_sockets: int = 18_000
     # Per-identity limits, valid across replicas: so many per window (seconds), then 429.
     rate_commands: int = 600
     rate_commands_window_s: float = 60.0

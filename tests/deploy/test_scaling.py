@@ -186,6 +186,17 @@ def test_the_socket_target_leaves_a_replica_room_when_one_goes() -> None:
     assert threshold * fewest / (fewest - 1) <= budget, f"{threshold} a replica of {budget}"
 
 
+def test_a_replica_refuses_sockets_before_its_memory_runs_out() -> None:
+    """GIN_MAX_SOCKETS closes a replica's next socket with 1013 before its memory limit (an
+    OOM kill would drop every player on it at once), and not before the scaler's target has
+    room for a replica gone."""
+    container = table_container()
+    settings = Settings.from_env(_settings_of(rendered("prod"), container))
+    threshold = quantity(trigger("prometheus")["metadata"]["threshold"])
+    fewest = table_scaler()["minReplicaCount"]
+    assert threshold * fewest / (fewest - 1) <= settings.max_sockets <= socket_budget()
+
+
 def test_the_socket_query_sums_the_gauge_the_table_exports_over_its_pods() -> None:
     query = trigger("prometheus")["metadata"]["query"]
     (name,) = [m.name for m in SocketMetrics(CollectorRegistry(), 256).open_sockets.describe()]

@@ -114,13 +114,13 @@ async def limited(
         service.stop()
 
 
-async def metric(base: str, name: str) -> float:
-    """One unlabelled sample of a service's /metrics."""
+async def metric(base: str, name: str, **labels: str) -> float:
+    """One sample of a service's /metrics, with exactly those labels (none by default)."""
     async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as r:
         text = await r.text()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and not sample.labels:
+            if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     raise AssertionError(f"no {name} in /metrics")
 

@@ -14,7 +14,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.table.app import create_app
-from services.table.ws import CLOSE_TRY_AGAIN_LATER, FILES, TRY_AGAIN_REASON
+from services.table.ws import CLOSE_TRY_AGAIN_LATER, FILES, HUB, TRY_AGAIN_REASON
 from shared.infra.files import FileBudget
 from shared.infra.settings import Settings
 from tests.infra.test_files import LimitedService, limited, metric
@@ -40,12 +40,15 @@ async def first_move(api: Api, table_id: str, tokens: dict[int, str]) -> None:
     assert status == 200, body
 
 
-def refused_count(text: str) -> float:
+def refused_count(text: str, reason: str = "files") -> float:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "gin_websockets_refused_total":
+            if (
+                sample.name == "gin_websockets_refused_total"
+                and sample.labels.get("reason") == reason
+            ):
                 return float(sample.value)
-    raise AssertionError("no gin_websockets_refused_total")
+    return 0.0
 
 
 async def test_a_socket_past_the_budget_is_closed_with_1013_and_the_rest_go_on(
@@ -92,6 +95,44 @@ async def test_a_socket_past_the_budget_is_closed_with_1013_and_the_rest_go_on(
         await watching.close()
 
 
+async def test_a_socket_past_max_sockets_is_closed_with_1013_and_room_is_made_again(
+    settings: Settings,
+) -> None:
+    """GIN_MAX_SOCKETS bounds a replica's sockets whatever its files: its memory binds first
+    once the file limit is raised. Past it a socket is closed with 1013 (counted with the
+    reason sockets), the open ones go on, and one closing makes room."""
+    limited_settings = msgspec.structs.replace(settings, max_sockets=2)
+    app = create_app(limited_settings, clock=Clock(), shuffle=SeededShuffle(7))
+    async with serving(app) as client:
+        api = Api(client, limited_settings)
+        table_id, ana, bia = await api.table_for_two()
+        first = await client.ws_connect(ws_path(table_id, ana))
+        assert (await ws_receive(first))["kind"] == "snapshot"
+        second = await client.ws_connect(ws_path(table_id))
+        assert (await ws_receive(second))["kind"] == "snapshot"
+        third = await client.ws_connect(ws_path(table_id, bia))
+        assert await refused_with(third) == (CLOSE_TRY_AGAIN_LATER, TRY_AGAIN_REASON)
+        async with client.get("/metrics") as r:
+            text = await r.text()
+        assert refused_count(text, "sockets") == 1
+        assert refused_count(text, "files") == 0
+
+        positions = {(await api.view(table_id, t))["you"]: t for t in (ana, bia)}
+        await first_move(api, table_id, positions)
+        got = await ws_until(first, lambda ms: any(m["kind"] == "event" for m in ms))
+        assert got[-1]["event"]["seq"] > 0
+
+        await second.close()
+        for _ in range(100):  # the server takes the closed socket off its hub
+            if app[HUB].sockets < 2:
+                break
+            await asyncio.sleep(0.02)
+        again = await client.ws_connect(ws_path(table_id, bia))
+        assert (await ws_receive(again))["kind"] == "snapshot"
+        await again.close()
+        await first.close()
+
+
 async def test_a_table_process_at_its_file_limit_refuses_sockets_with_1013(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -129,7 +170,7 @@ async def test_a_table_process_at_its_file_limit_refuses_sockets_with_1013(
             await first_move(api, table_id, positions)
             got = await ws_until(sockets[0], lambda ms: any(m["kind"] == "event" for m in ms))
             assert got[-1]["event"]["seq"] > 0
-            assert await metric(table.base, "gin_websockets_refused_total") == 1
+            assert await metric(table.base, "gin_websockets_refused_total", reason="files") == 1
 
             for ws in sockets[-20:]:
                 await ws.close()
