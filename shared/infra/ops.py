@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
+import resource
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
@@ -20,8 +22,11 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.platform_collector import PlatformCollector
-from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from shared.infra.files import FileBudget, soft_limit
 
 Check = Callable[[], Awaitable[object]]
 REGISTRY = web.AppKey("registry", CollectorRegistry)
@@ -69,6 +74,50 @@ def count_buckets(bound: int) -> tuple[float, ...]:
     return tuple(sorted(edges | {float(max(bound, 1))}))
 
 
+class ProcessMetrics(Collector):
+    """prometheus-client's process metrics under the same names (CPU, memory, start time,
+    open and maximum files), but ``process_open_fds`` counted as the size of
+    ``/proc/self/fd`` where the kernel gives it (Linux 6.2 on: the same cost however many are
+    open), not by listing that directory at every scrape as ProcessCollector does, which
+    holds the event loop in proportion to the sockets open. ``process_max_fds`` is the soft
+    limit as the process has it (raised at start: shared/infra/files.py)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._ticks = os.sysconf("SC_CLK_TCK")
+        self._page = resource.getpagesize()
+        with open("/proc/stat", "rb") as stat:
+            self._boot = next(float(ln.split()[1]) for ln in stat if ln.startswith(b"btime "))
+        self._files = FileBudget(soft_limit(), 0)
+        registry.register(self)
+
+    def collect(self) -> list[Metric]:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[-1].split()
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        return [
+            gauge(
+                "process_virtual_memory_bytes", "Virtual memory size in bytes.", float(fields[20])
+            ),
+            gauge(
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                float(fields[21]) * self._page,
+            ),
+            gauge(
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+                float(fields[19]) / self._ticks + self._boot,
+            ),
+            counter(
+                "process_cpu_seconds_total",
+                "Total user and system CPU time spent in seconds.",
+                (float(fields[11]) + float(fields[12])) / self._ticks,
+            ),
+            gauge("process_open_fds", "Number of open file descriptors.", self._files.open_files()),
+            gauge("process_max_fds", "Maximum number of open file descriptors.", soft_limit()),
+        ]
+
+
 # A client may send any method token: the others share one label, so none adds series.
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -78,7 +127,7 @@ def instrument(app: web.Application) -> None:
     """The process collectors on the app's registry, and the per-route middleware, outermost
     (it sees every answer as sent, a refusal's or aiohttp's own)."""
     registry = app[REGISTRY]
-    ProcessCollector(registry=registry)
+    ProcessMetrics(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
     app.middlewares.insert(0, route_metrics(registry))

@@ -248,3 +248,44 @@ async def test_every_service_raises_its_soft_limit_at_start(
         assert await metric(service.base, "process_max_fds") == 4096, service.tail()
         lines = service.lines("open_files_limit")
     assert [(x["soft_before"], x["soft"], x["hard"]) for x in lines] == [(256, 4096, 4096)]
+
+
+def test_process_metrics_are_prometheus_clients_without_listing_the_files(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The services' process collector exports what prometheus-client's does, the same names
+    and help, with the open files counted by the directory's size, not by a listing whose
+    cost grows with every socket (ProcessCollector lists /proc/self/fd at every scrape)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.process_collector import ProcessCollector
+
+    from shared.infra.files import counted_by_size
+    from shared.infra.ops import ProcessMetrics
+
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    ProcessMetrics(ours)
+    ProcessCollector(registry=theirs)
+
+    def samples(registry: CollectorRegistry) -> dict[str, float]:
+        lines = generate_latest(registry).decode().splitlines()
+        assert lines
+        return {n: float(v) for n, v in (ln.split() for ln in lines if not ln.startswith("#"))}
+
+    def helps(registry: CollectorRegistry) -> list[str]:
+        return [ln for ln in generate_latest(registry).decode().splitlines() if ln[:1] == "#"]
+
+    mine, upstream = samples(ours), samples(theirs)
+    assert helps(ours) == helps(theirs)
+    assert mine.keys() == upstream.keys()
+    # The listing holds the directory open while it counts: one more than there is.
+    assert upstream["process_open_fds"] - 1 <= mine["process_open_fds"]
+    assert mine["process_open_fds"] <= upstream["process_open_fds"]
+    assert mine["process_max_fds"] == upstream["process_max_fds"]
+    assert mine["process_resident_memory_bytes"] > 0
+    if counted_by_size():
+
+        def no_listing(path: object) -> list[str]:
+            raise AssertionError(f"listed {path}")
+
+        monkeypatch.setattr("os.listdir", no_listing)
+        assert samples(ours)["process_open_fds"] > 0
