@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,30 +158,33 @@ DEPRECATED_BY_NOTES = {
 }
 
 
+def nodes(value: Any, schema: Obj, path: str = "") -> Iterator[tuple[Any, Obj, str]]:
+    """Every value of an object with the schema that governs it and its path (``a.b[].c``),
+    the object itself first."""
+    yield value, schema, path
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, sub in value.items():
+            inner = props.get(key, extra if isinstance(extra, dict) else {})
+            yield from nodes(sub, inner, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for item in value:
+            yield from nodes(item, schema.get("items", {}), f"{path}[]")
+
+
 def deprecated_fields(obj: Obj) -> list[str]:
     """The fields an object sets that its CRD, or its operator's release notes, deprecate."""
     openapi = _openapi().get((obj["apiVersion"], obj["kind"]))
     found: list[str] = []
-
-    def walk(value: Any, schema: Obj, path: str) -> None:
+    spec = {k: v for k, v in obj.items() if k != "metadata"}
+    for value, schema, path in nodes(spec, openapi) if openapi is not None else ():
         if DEPRECATED.search(schema.get("description", "")):
             found.append(path)
         if (obj["kind"], path) in DEPRECATED_BY_NOTES:
             found.append(path)
         if isinstance(value, str) and (obj["kind"], f"{path}={value}") in DEPRECATED_BY_NOTES:
             found.append(f"{path}={value}")
-        if isinstance(value, dict):
-            props = schema.get("properties", {})
-            extra = schema.get("additionalProperties")
-            for key, sub in value.items():
-                inner = props.get(key, extra if isinstance(extra, dict) else {})
-                walk(sub, inner, f"{path}.{key}" if path else key)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item, schema.get("items", {}), f"{path}[]")
-
-    if openapi is not None:
-        walk({k: v for k, v in obj.items() if k != "metadata"}, openapi, "")
     return [f"{obj['kind']}/{obj['metadata']['name']}: {path}" for path in found]
 
 
@@ -276,8 +280,7 @@ def cel_errors(obj: Obj) -> list[str]:
     (those reading ``oldSelf``) apply only to updates and are left out."""
     openapi = _openapi().get((obj["apiVersion"], obj["kind"]))
     found: list[str] = []
-
-    def walk(value: Any, schema: Obj, path: str) -> None:
+    for value, schema, path in nodes(obj, openapi) if openapi is not None else ():
         for validation in schema.get("x-kubernetes-validations", []):
             rule = validation["rule"]
             if "oldSelf" in rule:
@@ -285,18 +288,6 @@ def cel_errors(obj: Obj) -> list[str]:
             result = _cel_program(rule).evaluate({"self": celpy.json_to_cel(value)})
             if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
                 found.append(f"{path or '(the object)'}: {validation.get('message', rule)}")
-        if isinstance(value, dict):
-            props = schema.get("properties", {})
-            extra = schema.get("additionalProperties")
-            for key, sub in value.items():
-                inner = props.get(key, extra if isinstance(extra, dict) else {})
-                walk(sub, inner, f"{path}.{key}" if path else key)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item, schema.get("items", {}), f"{path}[]")
-
-    if openapi is not None:
-        walk(obj, openapi, "")
     return [f"{obj['kind']}/{obj['metadata']['name']}: {e}" for e in found]
 
 

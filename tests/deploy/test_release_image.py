@@ -29,6 +29,7 @@ from tests.deploy.test_manifests import (
     rendered,
     workloads,
 )
+from tests.deploy.test_subscriber_component import render
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl renders the overlays")
 RELEASE = ROOT / "scripts" / "release.py"
@@ -46,19 +47,6 @@ def project_images(objs: tuple[Obj, ...] | list[Obj]) -> set[str]:
         if workload["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "selminha-gin"
         for container in containers(workload)
     }
-
-
-def render(directory: Path) -> list[Obj]:
-    assert KUBECTL is not None
-    done = subprocess.run(
-        [KUBECTL, "kustomize", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def release(tree: Path, overlay: str, image: str) -> subprocess.CompletedProcess[str]:
