@@ -49,12 +49,21 @@ async def declare_topology(amqp_url: str, prefix: str) -> None:
     service declares only its own part, and the table may publish a bot's turn before the bot
     worker has declared its queue."""
     import aio_pika
+    from aiormq.exceptions import ChannelPreconditionFailed
 
     from shared.infra import amqp
 
     connection = await aio_pika.connect(amqp_url)
     async with connection:
-        await amqp.declare_topology(await connection.channel(), prefix)
+        try:
+            await amqp.declare_topology(await connection.channel(), prefix)
+        except ChannelPreconditionFailed as exc:
+            # Queues an earlier release declared with other arguments (a classic gin.dead,
+            # at-most-once dead-lettering): development's messages are not kept, so they are
+            # made again; production moves them as deploy/README.md says.
+            print(f"make dev: {exc}; the queues under prefix {prefix!r} are made again")
+            await amqp.delete_topology(await connection.channel(), prefix)
+            await amqp.declare_topology(await connection.channel(), prefix)
 
 
 def _interrupted(signum: int, frame: object) -> None:

@@ -324,3 +324,26 @@ async def test_a_dead_letter_waits_in_its_queue_while_gin_dead_is_away(node: Nod
         await reject_one(channel, CONTROL)
         (kept,) = await dead_letters(channel, DEAD_LETTER, 1, within_s=10)
         assert (kept.body, died_in(kept)) == (b"kept", (CONTROL, "rejected"))
+
+
+async def test_make_dev_makes_queues_of_an_earlier_release_again(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A developer's broker keeps the classic gin.dead an earlier make dev declared, which
+    this release's declaration would refuse (PRECONDITION_FAILED): make dev says so and
+    makes the queues again."""
+    import dev
+
+    own = f"{settings.prefix}dev-{uuid.uuid4().hex[:8]}."
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(own + DEAD_LETTER, durable=True)  # classic, as before
+        try:
+            await dev.declare_topology(settings.amqp_url, own)
+            assert "are made again" in capsys.readouterr().out
+            assert await refusal(connection, own + DEAD_LETTER, {"x-queue-type": "quorum"}) == ""
+            await dev.declare_topology(settings.amqp_url, own)  # now as declared: nothing said
+            assert capsys.readouterr().out == ""
+        finally:
+            await amqp.delete_topology(await connection.channel(), own)
