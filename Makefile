@@ -46,7 +46,7 @@ browser:
 
 # The image of the Dockerfile, built here with Debian's buildah on a base made from Debian's
 # packages (scripts/image.py: no registry of images needed): IMAGE=... names it.
-IMAGE ?= localhost/gin:dev
+IMAGE ?= ghcr.io/selminha/gin:dev
 image: image-tools
 	$(PYTHON) scripts/image.py build --tag $(IMAGE)
 

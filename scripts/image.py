@@ -3,7 +3,7 @@
 
 Used by ``make image`` and ``tests/deploy/test_image.py`` (standard library only)::
 
-    python3 scripts/image.py build [--tag localhost/gin:dev] [--refresh-base]
+    python3 scripts/image.py build [--tag ghcr.io/selminha/gin:dev] [--refresh-base]
     python3 scripts/image.py base [--refresh]       # only the base
     python3 scripts/image.py run [podman run arguments...]
 
@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TAG = "localhost/gin:dev"
+DEFAULT_TAG = "ghcr.io/selminha/gin:dev"  # what the dev overlay deploys
 BASE_IMAGE = "localhost/gin-python:3.11-bookworm"
 BASE_LABEL = "org.selminha.gin.base-key"
 # What the base is made of: Debian bookworm with its point and security updates, the python3
