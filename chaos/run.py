@@ -143,12 +143,24 @@ MODULES = {
 
 
 class Fleet:
-    """The services as processes, each on a port of its own for good (restarts reuse it)."""
+    """The services as processes, each on a port of its own for good (restarts reuse it).
 
-    def __init__(self, settings: Settings, log_dir: Path) -> None:
+    ``modules`` names each process's module (``MODULES`` by default); ``env`` gives some of
+    them environment variables of their own, over the settings (another database URL, say).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        log_dir: Path,
+        modules: dict[str, str] | None = None,
+        env: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         self.settings = settings
         self.log_dir = log_dir
-        self.ports = {name: free_port() for name in MODULES}
+        self.modules = MODULES if modules is None else modules
+        self.env = env or {}
+        self.ports = {name: free_port() for name in self.modules}
         self.running: dict[str, Service] = {}
         self.logs: list[Path] = []
 
@@ -156,11 +168,12 @@ class Fleet:
         path = self.log_dir / f"{name}.{len(self.logs)}.log"
         self.logs.append(path)
         self.running[name] = Service(
-            MODULES[name],
+            self.modules[name],
             self.settings,
             port=self.ports[name],
             log_to=path,
             GIN_LOG_LEVEL="info",
+            **self.env.get(name, {}),
         )
 
     def base(self, name: str) -> str:
@@ -183,6 +196,32 @@ class Fleet:
             service.terminate()
         for service in self.running.values():
             service.stop()
+
+
+def chaos_settings(database_url: str, amqp_url: str, **changes: Any) -> Settings:
+    """The services' settings under chaos: quick bots, resends and relay polls, a short wait
+    for a database connection, no rate limits (the players are few and fast), JSON logs."""
+    return Settings(
+        **{
+            "database_url": database_url,
+            "amqp_url": amqp_url,
+            "prefix": PREFIX,
+            "dev_tokens": True,
+            "bot_think_s": 0.0,
+            "bot_turn_resend_s": 3.0,
+            "relay_poll_s": 0.2,
+            "db_acquire_timeout_s": 1.0,
+            "log_format": "json",
+            "log_level": "info",
+            "auth_secret": SECRET,
+            "rate_commands": 1_000_000,
+            "rate_joins": 1_000_000,
+            "rate_tables": 1_000_000,
+            "rate_sockets": 1_000_000,
+            "rate_refusals": 1_000_000,
+            **changes,
+        }
+    )
 
 
 # --- players --------------------------------------------------------------------------------
@@ -498,24 +537,7 @@ async def main() -> int:
         finally:
             await conn.close()
         db_url = admin.rsplit("/", 1)[0] + "/gin"
-        settings = Settings(
-            database_url=db_url,
-            amqp_url=rabbit.entry.url,
-            prefix=PREFIX,
-            dev_tokens=True,
-            bot_think_s=0.0,
-            bot_turn_resend_s=3.0,
-            relay_poll_s=0.2,
-            db_acquire_timeout_s=1.0,
-            log_format="json",
-            log_level="info",
-            auth_secret=SECRET,
-            rate_commands=1_000_000,
-            rate_joins=1_000_000,
-            rate_tables=1_000_000,
-            rate_sockets=1_000_000,
-            rate_refusals=1_000_000,
-        )
+        settings = chaos_settings(db_url, rabbit.entry.url)
         subscriber = Subscriber()
         await subscriber.start(rabbit.entry.url)  # bound before the first table
         fleet = Fleet(settings, run_dir)
