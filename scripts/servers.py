@@ -557,7 +557,26 @@ def amqp_login(url: str, timeout: float = 10.0) -> None:
         raise ServerError(f"cannot connect to {host}:{port}: {exc}") from exc
 
 
+def amqp_node_urls(url: str) -> list[str]:
+    """Each node's URL of a broker URL naming several (``amqp://u:p@h1:5672,h2:5673/vhost``,
+    as ``shared.infra.amqp.node_urls`` reads GIN_AMQP_URL); the URL itself naming one."""
+    parts = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*://)([^@/?#]*@)?([^/?#]*)(.*)", url, re.DOTALL)
+    if parts is None or "," not in parts[3]:
+        return [url]
+    return [parts[1] + (parts[2] or "") + host.strip() + parts[4] for host in parts[3].split(",")]
+
+
 def amqp_ready(url: str) -> tuple[bool, str]:
+    """Whether the broker answers a login (with several nodes named: any of them)."""
+    nodes = amqp_node_urls(url)
+    if len(nodes) > 1:
+        whys = []
+        for node in nodes:
+            ok, why = amqp_ready(node)
+            if ok:
+                return True, f"{why} ({redact(node)})"
+            whys.append(why)
+        return False, "; ".join(whys)
     parts = urlsplit(url)
     if parts.scheme not in ("amqp", "amqps"):
         raise ServerError(f"{redact(url)} is not an amqp:// URL")

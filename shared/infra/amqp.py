@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import random
+import re
+
 import aio_pika
+import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from pamqp.common import FieldValue
+from yarl import URL
 
 from shared.contracts.events import BotLevel
 from shared.contracts.names import (
@@ -23,6 +29,7 @@ from shared.contracts.names import (
 from shared.infra.internals import Outgoing as Outgoing
 from shared.infra.internals import publish_confirmed as publish_confirmed
 
+log = structlog.get_logger()
 BOT_LEVELS: tuple[BotLevel, ...] = ("tito", "carmen", "luna")
 # The history of gin.events (docs/subscribing.md): a stream queue that keeps every event for 7
 # days or 20 GB, whichever is reached first (retention drops whole segments of 100 MB), so a
@@ -60,9 +67,101 @@ def work_queue_arguments(prefix: str) -> dict[str, FieldValue]:
     }
 
 
+# GIN_AMQP_URL names one broker address, or every node of a cluster as libpq names several
+# PostgreSQL hosts: one URL with several host:port pairs, amqp://user:password@h1:5672,h2:5672/
+# vhost (the nodes of a cluster share their users and vhosts, so they share the rest).
+_URL = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^@/?#]*@)?(?P<hosts>[^/?#]*)(?P<rest>.*)",
+    re.DOTALL,
+)
+CONNECT_TIMEOUT_S = 10.0  # per node, with several: a node that never answers is passed over
+# With several nodes, the pause between attempts (aio-pika's reconnect_interval, 5 s by default,
+# also the least time between two reconnects): the next node is likely up, so try it soon.
+RECONNECT_INTERVAL_S = 1.0
+
+
+def node_urls(url: str) -> list[str]:
+    """The URL of each node that ``url`` names, in its order.
+
+    >>> node_urls("amqp://gin:s3cret@10.0.0.1:5672,10.0.0.2:5673/gin?heartbeat=10")
+    ['amqp://gin:s3cret@10.0.0.1:5672/gin?heartbeat=10', 'amqp://gin:s3cret@10.0.0.2:5673/gin?heartbeat=10']
+    >>> node_urls("amqp://guest:guest@127.0.0.1:5672/")
+    ['amqp://guest:guest@127.0.0.1:5672/']
+    """
+    parts = _URL.fullmatch(url)
+    if parts is None or "," not in parts["hosts"]:
+        return [url]
+    head, tail = parts["scheme"] + (parts["userinfo"] or ""), parts["rest"]
+    hosts = [host.strip() for host in parts["hosts"].split(",")]
+    if not all(hosts):
+        raise ValueError(f"an empty host in the broker URL {redacted(url)}")
+    return [head + host + tail for host in hosts]
+
+
+def redacted(url: str) -> str:
+    """``url`` (of one node or several) with its password replaced by ``***``, for logs.
+
+    >>> redacted("amqp://gin:s3cret@h1:5672,h2:5672/gin")
+    'amqp://gin:***@h1:5672,h2:5672/gin'
+    """
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*):[^@/?#]*@", r"\1:***@", url)
+
+
 async def connect(url: str) -> AbstractRobustConnection:
-    """A connection that reconnects by itself and restores its channels and queues."""
-    return await aio_pika.connect_robust(url, client_properties={"connection_name": "gin"})
+    """A connection that reconnects by itself and restores its channels and queues.
+
+    Given several nodes (``node_urls``), it connects to the first that answers, starting at a
+    random one so that a service's replicas spread over the cluster, and each time its
+    connection is lost, or an attempt to make it again fails, it tries the next node.
+    """
+    nodes = node_urls(url)
+    if len(nodes) == 1:
+        return await aio_pika.connect_robust(url, client_properties={"connection_name": "gin"})
+    start = random.randrange(len(nodes))
+    nodes = nodes[start:] + nodes[:start]
+    failure: Exception | None = None
+    for index, node in enumerate(nodes):
+        try:
+            connection = await aio_pika.connect_robust(
+                node,
+                client_properties={"connection_name": "gin"},
+                timeout=CONNECT_TIMEOUT_S,
+                reconnect_interval=RECONNECT_INTERVAL_S,
+            )
+        except CONNECTION_EXCEPTIONS as exc:  # that node is away: the next
+            log.warning("broker_node_unreachable", node=redacted(node), error=repr(exc))
+            failure = exc
+            continue
+        assert isinstance(connection, aio_pika.RobustConnection)
+        _move_on_loss(connection, nodes, index)
+        return connection
+    assert failure is not None
+    raise failure
+
+
+def _move_on_loss(connection: aio_pika.RobustConnection, nodes: list[str], index: int) -> None:
+    """Point a robust connection at the next node whenever it closes without being closed.
+
+    aio-pika's RobustConnection makes each attempt with its ``url`` attribute and calls its
+    ``close_callbacks`` when the connection is lost and when an attempt fails (its
+    ``transport`` then None). A connection whose channels could not be restored calls them
+    twice with the same transport: that moves once. tests/infra/test_broker_cluster.py holds
+    aio-pika to this.
+    """
+    at = index
+    left: object = None  # the transport last moved away from
+
+    def next_node(_: object, exc: BaseException | None = None) -> None:
+        nonlocal at, left
+        transport = connection.transport
+        if connection.close_called or (transport is not None and transport is left):
+            return
+        left = transport
+        at = (at + 1) % len(nodes)
+        connection.url = URL(nodes[at])
+        log.warning("broker_connection_lost", error=repr(exc), next_node=redacted(nodes[at]))
+
+    connection.close_callbacks.add(next_node)
 
 
 # Who declares what at start (None: everything, for tests and tools). In production the

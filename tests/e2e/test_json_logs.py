@@ -18,6 +18,7 @@ import asyncpg
 import msgspec
 import pytest
 
+from shared.infra.amqp import node_urls
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.e2e.processes import Service
@@ -51,12 +52,13 @@ def lines_of(path: Path) -> list[str]:
 async def test_every_line_every_service_writes_is_one_json_object(
     settings: Settings, tmp_path: Path
 ) -> None:
-    amqp = urlsplit(settings.amqp_url)
+    node = node_urls(settings.amqp_url)[0]  # a cluster's first node: through the proxy
+    amqp = urlsplit(node)
     broker = Proxy(amqp.hostname or "127.0.0.1", amqp.port or 5672)
     await broker.start()
     s = msgspec.structs.replace(
         settings,
-        amqp_url=through(settings.amqp_url, broker.port),
+        amqp_url=through(node, broker.port),
         log_format="json",
         access_log=True,
     )

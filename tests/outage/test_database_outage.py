@@ -289,14 +289,15 @@ async def test_a_service_started_during_an_outage_waits_for_it_and_starts(
 ) -> None:
     """A pod restarted while PostgreSQL or RabbitMQ is down waits for them (within its
     startupProbe) instead of exiting into a restart loop whose back-off outlasts the outage."""
-    amqp_url = urlsplit(settings.amqp_url)
+    node = amqp.node_urls(settings.amqp_url)[0]  # a cluster's first node: through the proxy
+    amqp_url = urlsplit(node)
     broker = Proxy(amqp_url.hostname or "127.0.0.1", amqp_url.port or 5672)
     await broker.start()
     await broker.cut()  # nothing listens on its port now
     s = msgspec.structs.replace(
         settings,
         database_url=postgres.entry.url,
-        amqp_url=through(settings.amqp_url, broker.port),
+        amqp_url=through(node, broker.port),
         prefix=f"{settings.prefix}pgwait.",
         log_format="json",
     )

@@ -1,0 +1,243 @@
+"""The services' broker client through the loss of RabbitMQ nodes (issue 28), on a real
+three-node cluster (``chaos/rabbits.py``, started once for the module).
+
+``amqp.connect`` given every node's address connects to one, and when that node stops it moves
+to a live one: publishing with confirms and consuming go on, and nothing the broker confirmed
+is lost, while the node it was on (and that led the queue) is stopped and started again. The
+services' topology is replicated on every node, a connection's exclusive queue (the table hub's
+``gin.sockets.<hex>``) comes back on the new node, and a history stream reader resumes from
+the offset it last processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+
+from chaos.rabbits import RabbitCluster
+from shared.contracts.names import COMMANDS_QUEUE, DEAD_LETTER, HISTORY_STREAM
+from shared.infra import amqp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RabbitCluster]:
+    """Three nodes for the module (some 14 s to start, 5 s to stop, on 2 cores)."""
+    began = time.monotonic()
+    cluster = RabbitCluster(ROOT / ".run" / f"broker-cluster-{uuid.uuid4().hex[:8]}")
+    print(f"cluster of 3 started in {time.monotonic() - began:.1f} s")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def from_the_first_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``amqp.connect`` starts at the first node given (not a random one): the tests know
+    which node a client is on before they stop it."""
+    monkeypatch.setattr(amqp.random, "randrange", lambda _n: 0)
+
+
+@pytest.fixture
+async def connections() -> AsyncIterator[list[AbstractRobustConnection]]:
+    """Connections a test made (closed after it)."""
+    made: list[AbstractRobustConnection] = []
+    yield made
+    for connection in made:
+        with contextlib.suppress(Exception):
+            await connection.close()
+
+
+def node_of(cluster: RabbitCluster, connection: AbstractRobustConnection) -> str:
+    """The node a connection is on (or trying to reach)."""
+    assert isinstance(connection, aio_pika.RobustConnection)
+    port = connection.url.port
+    assert port is not None
+    return cluster.node_of_port(port)
+
+
+async def until(condition: Any, within_s: float, what: str) -> float:
+    """Wait for ``condition()`` to be true; the seconds it took."""
+    began = time.monotonic()
+    while not condition():
+        assert time.monotonic() - began < within_s, f"{what}: not within {within_s} s"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - began
+
+
+class Publisher:
+    """Publishes numbered messages with confirms, one at a time; a publish that fails or
+    whose confirm never comes is tried again (as the outbox relay does: nothing is marked
+    before its confirm)."""
+
+    def __init__(self, connection: AbstractRobustConnection, queue: str) -> None:
+        self.connection = connection
+        self.queue = queue
+        self.confirmed: list[int] = []
+        self.failures = 0
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        channel = await self.connection.channel(publisher_confirms=True)
+        number = 0
+        while True:
+            try:
+                async with asyncio.timeout(5):
+                    await channel.default_exchange.publish(
+                        aio_pika.Message(str(number).encode(), delivery_mode=2), self.queue
+                    )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.failures += 1
+                await asyncio.sleep(0.1)
+                continue  # the same number again
+            self.confirmed.append(number)
+            number += 1
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+def test_the_services_url_names_every_node(cluster: RabbitCluster) -> None:
+    assert amqp.node_urls(cluster.url) == cluster.urls
+    assert amqp.node_urls(cluster.urls[0]) == [cluster.urls[0]]
+    assert "guest:***@" in amqp.redacted(cluster.url)
+    assert "guest@" not in amqp.redacted(cluster.url)
+
+
+async def test_the_topology_is_replicated_on_every_node(
+    cluster: RabbitCluster, connections: list[AbstractRobustConnection]
+) -> None:
+    connections.append(await amqp.connect(cluster.url))
+    channel = await connections[0].channel()
+    prefix = f"topo{uuid.uuid4().hex[:6]}."
+    await amqp.declare_topology(channel, prefix)
+    try:
+        queues = {row["name"]: row for row in cluster.queues()}
+        for name in (COMMANDS_QUEUE, DEAD_LETTER, HISTORY_STREAM):
+            row = queues[prefix + name]
+            assert sorted(row["members"]) == cluster.names(), name  # type: ignore[arg-type]
+    finally:
+        await amqp.delete_topology(channel, prefix)
+
+
+async def test_a_client_moves_to_a_live_node_and_nothing_confirmed_is_lost(
+    cluster: RabbitCluster,
+    connections: list[AbstractRobustConnection],
+    from_the_first_node: None,
+) -> None:
+    publishing = await amqp.connect(cluster.url)
+    consuming = await amqp.connect(cluster.url)
+    connections += [publishing, consuming]
+    first = node_of(cluster, publishing)
+    assert node_of(cluster, consuming) == first == cluster.names()[0]
+
+    channel = await consuming.channel()
+    await channel.set_qos(prefetch_count=50)
+    name = f"cluster.{uuid.uuid4().hex[:8]}"
+    queue = await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
+    assert cluster.leader_of(name) == first  # declared from there: led from there
+    received: set[int] = set()
+
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        received.add(int(message.body))
+        await message.ack()
+
+    await queue.consume(on_message)
+    publisher = Publisher(publishing, name)
+    publisher.start()
+    try:
+        await until(lambda: len(publisher.confirmed) > 100, 20, "publishing")
+        for stopped in (first, cluster.names()[1]):
+            node = node_of(cluster, publishing)
+            assert node == stopped  # the node the clients are on
+            before = len(publisher.confirmed)
+            began = time.monotonic()
+            await asyncio.to_thread(cluster.stop_node, stopped)
+            moved = await until(
+                lambda stopped=stopped, before=before: (
+                    node_of(cluster, publishing) != stopped
+                    and len(publisher.confirmed) > before + 50
+                ),
+                30,
+                f"publishing again after {stopped} stopped",
+            )
+            print(f"{stopped} stopped: confirms again after {moved:.2f} s")
+            new_leader = cluster.leader_of(name)
+            assert new_leader != stopped
+            await until(
+                lambda before=before: max(received, default=-1) > before + 25,
+                30,
+                "consuming on the new node",
+            )
+            assert node_of(cluster, consuming) != stopped
+            await asyncio.to_thread(cluster.start_node, stopped)
+            print(f"{stopped} back in {time.monotonic() - began:.2f} s since its stop")
+        await until(lambda: len(publisher.confirmed) > before + 150, 20, "publishing at the end")
+    finally:
+        await publisher.stop()
+    confirmed = set(publisher.confirmed)
+    await until(lambda: confirmed <= received, 30, "every confirmed message consumed")
+    assert publisher.failures > 0  # the publishes in flight at each stop were tried again
+    await channel.queue_delete(name)
+
+
+async def test_an_exclusive_queue_comes_back_on_the_new_node(
+    cluster: RabbitCluster,
+    connections: list[AbstractRobustConnection],
+    from_the_first_node: None,
+) -> None:
+    """As the table hub's gin.sockets.<hex>: declared by its robust channel, it dies with the
+    node and is declared again (with its bindings) on the node the connection moves to, and
+    ``reconnect_callbacks`` tell the hub to consume again and catch up."""
+    connection = await amqp.connect(cluster.url)
+    other = await amqp.connect(cluster.url)
+    connections += [connection, other]
+    reconnected = asyncio.Event()
+    connection.reconnect_callbacks.add(lambda *_: reconnected.set())
+    channel = await connection.channel()
+    exchange = await channel.declare_exchange(
+        f"cluster.x.{uuid.uuid4().hex[:8]}", aio_pika.ExchangeType.FANOUT, auto_delete=True
+    )
+    queue = await channel.declare_queue(
+        f"cluster.sockets.{uuid.uuid4().hex}", exclusive=True, auto_delete=True
+    )
+    await queue.bind(exchange)
+    got: list[bytes] = []
+
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        got.append(message.body)
+
+    await queue.consume(on_message, no_ack=True)
+    stopped = node_of(cluster, connection)
+    await asyncio.to_thread(cluster.stop_node, stopped)
+    try:
+        async with asyncio.timeout(30):
+            await reconnected.wait()
+        assert node_of(cluster, connection) != stopped
+        # Published from a connection of its own (moved too, or on a live node already).
+        sending = await other.channel()
+        target = await sending.get_exchange(exchange.name)
+        await until(lambda: node_of(cluster, other) != stopped, 30, "the sender moved")
+        await target.publish(aio_pika.Message(b"after"), "")
+        await until(lambda: got == [b"after"], 10, "a delivery on the queue declared again")
+    finally:
+        await asyncio.to_thread(cluster.start_node, stopped)
