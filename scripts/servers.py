@@ -75,14 +75,13 @@ def log(message: str) -> None:
 
 
 def redact(url: str) -> str:
-    """The URL with its password replaced by ***, for messages."""
+    """The URL with its password replaced by ***, for messages (a multi-host URL too)."""
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -373,22 +372,39 @@ def pg_env() -> dict[str, str]:
     return env
 
 
-def pg_host_port(url: str) -> tuple[str, int]:
+def pg_hosts(url: str) -> list[tuple[str, int]]:
+    """The (host, port) of each server a URL names: one, or several (``h1:p1,h2:p2``, as
+    libpq and asyncpg read it: the first that suits ``target_session_attrs``)."""
     parts = urlsplit(url)
     if parts.scheme not in ("postgres", "postgresql"):
         raise ServerError(f"{redact(url)} is not a postgresql:// URL")
-    try:
-        port = parts.port or PG_STANDARD_PORT
-    except ValueError as exc:
-        raise ServerError(f"{redact(url)} has an invalid port") from exc
-    return parts.hostname or LOCALHOST, port
+    hosts = parts.netloc.rpartition("@")[2]
+    found = []
+    for spec in hosts.split(","):
+        host, port = spec, ""
+        if ":" in spec and not spec.endswith("]"):  # [::1] alone is a host without a port
+            host, _, port = spec.rpartition(":")
+        try:
+            number = int(port) if port else PG_STANDARD_PORT
+        except ValueError as exc:
+            raise ServerError(f"{redact(url)} has an invalid port") from exc
+        if not 0 < number < 65536:
+            raise ServerError(f"{redact(url)} has an invalid port")
+        found.append((unquote(host.strip("[]")) or LOCALHOST, number))
+    return found
+
+
+def pg_host_port(url: str) -> tuple[str, int]:
+    """The first server a URL names."""
+    return pg_hosts(url)[0]
 
 
 def pg_ready(url: str) -> tuple[bool, str]:
-    """TCP connect, then pg_isready when it is installed."""
-    host, port = pg_host_port(url)
-    if not tcp_open(host, port, timeout=3.0):
-        return False, f"nothing accepts TCP connections on {host}:{port}"
+    """TCP connect (to any of the URL's servers), then pg_isready when it is installed."""
+    hosts = pg_hosts(url)
+    if not any(tcp_open(host, port, timeout=3.0) for host, port in hosts):
+        named = ", ".join(f"{host}:{port}" for host, port in hosts)
+        return False, f"nothing accepts TCP connections on {named}"
     pg_isready = find_client("pg_isready")
     if pg_isready is None:
         return True, "TCP connect ok (pg_isready not installed)"

@@ -16,6 +16,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from shared.infra.internals import FairPool as FairPool
 from shared.infra.internals import PoolExhausted as PoolExhausted
+from shared.infra.internals import refuses_writes
 
 log = structlog.get_logger()
 
@@ -28,9 +29,13 @@ TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "40"})
 
 def transient(exc: BaseException) -> bool:
     """Whether the same work may succeed if tried again later: the database was busy, away or
-    restarting (an OSError covers lost sockets and timeouts, PoolExhausted included)."""
+    restarting (an OSError covers lost sockets and timeouts, PoolExhausted included), or in a
+    failover: a server that was primary refuses writes (25006; the pool then replaces its
+    connections, ``FairPool``), or no server answers as primary yet."""
     if isinstance(exc, asyncpg.PostgresError):
-        return (exc.sqlstate or "")[:2] in TRANSIENT_SQLSTATE_CLASSES
+        return (exc.sqlstate or "")[:2] in TRANSIENT_SQLSTATE_CLASSES or refuses_writes(exc)
+    if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+        return True  # every host of the URL answered, none as primary (yet)
     if isinstance(exc, asyncpg.InternalClientError):
         # A session the server ended while it idled in a transaction: the next statement
         # finds the protocol mid-way ("cannot switch to state ...; another operation ...").

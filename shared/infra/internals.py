@@ -1,9 +1,10 @@
 """What leans on private internals of our libraries, in one place, with the versions it was
 tested on.
 
-Two speed-ups reach inside their libraries: ``FairPool`` overrides asyncpg's ``Pool._acquire``,
-and ``publish_confirmed`` keeps aiormq's channel books (delivery tags, confirmations, the
-writer's queue) itself. Neither is a public API, so a new release may change them without
+Two speed-ups reach inside their libraries: ``FairPool`` overrides asyncpg's ``Pool._acquire``
+(and subclasses its ``PoolAcquireContext``, to see how an acquired block ended), and
+``publish_confirmed`` keeps aiormq's channel books (delivery tags, confirmations, the writer's
+queue) itself. Neither is a public API, so a new release may change them without
 notice. ``pyproject.toml`` bounds both libraries to ``TESTED`` (a test holds the two in step),
 and ``check_versions`` refuses to start a service on any other version, with one line naming
 the library, instead of failing later on a player's move. Moving to a new version: run
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 import aiormq
 import aiormq.abc
 import asyncpg
+import asyncpg.pool
 from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
@@ -81,6 +83,30 @@ class PoolExhausted(TimeoutError):
     """Every connection stayed busy for the whole acquire timeout."""
 
 
+# A server that refuses writes (a demoted primary, now a standby, or one set read-only):
+# every connection of the pool is on it, since a pool connects to one primary at a time.
+READ_ONLY_SQL_TRANSACTION = "25006"
+
+
+def refuses_writes(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the server the connection is on no longer takes writes."""
+    return isinstance(exc, asyncpg.PostgresError) and exc.sqlstate == READ_ONLY_SQL_TRANSACTION
+
+
+class _AcquireContext(asyncpg.pool.PoolAcquireContext):
+    """asyncpg's ``async with pool.acquire()``, which also sees how the block ended: a
+    connection on a server that refuses writes expires the whole pool (the connections in
+    use close as they come back, the idle ones before their next use, and each new one
+    finds the current primary: ``target_session_attrs=read-write``)."""
+
+    __slots__ = ()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if refuses_writes(exc_info[1]):
+            await self.pool.expire_connections()
+        await super().__aexit__(*exc_info)
+
+
 class FairPool(asyncpg.Pool):
     """asyncpg's pool, handing connections out first come, first served.
 
@@ -121,6 +147,10 @@ class FairPool(asyncpg.Pool):
             if self._on_wait is not None:
                 self._on_wait(time.perf_counter() - started)
             raise PoolExhausted("no database connection came free in time") from exc
+
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        """asyncpg's acquire, dropping the pool's connections after a write was refused."""
+        return _AcquireContext(self, timeout)
 
     async def release(self, connection: Any, *, timeout: float | None = None) -> None:  # noqa: ASYNC109
         try:
