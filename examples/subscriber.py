@@ -16,6 +16,10 @@ aio-pika. Settings: ``GIN_AMQP_URL`` (default ``amqp://guest:guest@127.0.0.1:567
     python examples/subscriber.py --queue gin.sub.notifier
         the same, from your team's own queue (deploy/k8s/components/subscriber) instead
 
+``GIN_AMQP_URL`` may name several broker nodes (``amqp://user:password@h1:5672,h2:5672/vhost``):
+when its node goes, the subscriber connects to the next and reads the stream on from the offset
+after the last message it processed (docs/subscribing.md, "When the connection drops").
+
 Delivery is at least once: events are deduplicated by their position
 ``(stream, table_id, seq)`` (the envelope's ``id`` says the same). Event types this code does
 not know (a newer contract) are skipped, unknown fields ignored.
@@ -118,58 +122,121 @@ def offset(args: argparse.Namespace) -> object:
     return "next"
 
 
-async def run(args: argparse.Namespace) -> int:
-    url = os.environ.get("GIN_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-    prefix = os.environ.get("GIN_PREFIX", "")
-    dedupe, turns = Dedupe(), Turns()
-    out = sys.stdout.buffer
-    arrived = asyncio.Event()
-    connection = await aio_pika.connect_robust(url)
-    async with connection:
+def addresses(url: str) -> list[str]:
+    """Each broker node's URL: ``GIN_AMQP_URL`` names one, or several as
+    ``amqp://user:password@host1:5672,host2:5672/vhost``."""
+    scheme, _, rest = url.partition("://")
+    userinfo, at, hosts_and_path = rest.rpartition("@")
+    cut = min((i for i in map(hosts_and_path.find, "/?#") if i >= 0), default=len(hosts_and_path))
+    hosts, tail = hosts_and_path[:cut], hosts_and_path[cut:]
+    return [f"{scheme}://{userinfo}{at}{host.strip()}{tail}" for host in hosts.split(",")]
+
+
+class Reader:
+    """Consumes the stream (or a queue of yours) on one node, and again on the next after
+    that node goes, from the offset after the last message it processed: given the offset
+    it first asked for, a reconnect would read everything again ("first") or miss what came
+    meanwhile ("next"), so each new consumer asks for the last offset seen plus one."""
+
+    def __init__(self, args: argparse.Namespace, url: str, prefix: str) -> None:
+        self.args = args
+        self.nodes = addresses(url)
+        self.name = prefix + (args.queue or HISTORY_STREAM)
+        self.start: object = offset(args)  # where the next consumer starts (the stream)
+        self.dedupe, self.turns = Dedupe(), Turns()
+        self.out = sys.stdout.buffer
+        self.arrived = asyncio.Event()
+
+    async def run(self) -> int:
+        """Read until interrupted, or ``--idle-exit`` seconds without a message."""
+        node = 0
+        while True:
+            url = self.nodes[node % len(self.nodes)]
+            node += 1
+            try:
+                connection = await aio_pika.connect(url, timeout=10)
+            except (OSError, TimeoutError, aio_pika.exceptions.AMQPConnectionError) as exc:
+                print(f"{url.split('@')[-1]}: {exc!r}; trying the next node", file=sys.stderr)
+                await asyncio.sleep(1 if node % len(self.nodes) else 5)
+                continue
+            lost = asyncio.Event()
+            connection.close_callbacks.add(lambda *_, lost=lost: lost.set())
+            try:
+                async with connection:
+                    done = await self.read(connection, lost)
+            except aio_pika.exceptions.AMQPError as exc:
+                # Such as PRECONDITION_FAILED "does not have a replica on the local node":
+                # the stream's replicas restart for a few seconds after a node goes.
+                print(f"{url.split('@')[-1]}: {exc!r}; trying the next node", file=sys.stderr)
+                await asyncio.sleep(1)
+                continue
+            if done is not None:
+                return done
+            print(f"{url.split('@')[-1]} went away; resuming on the next node", file=sys.stderr)
+
+    async def read(
+        self, connection: aio_pika.abc.AbstractConnection, lost: asyncio.Event
+    ) -> int | None:
+        """Consume on one connection; the exit status when done, None when it was lost."""
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=200)  # a stream needs a prefetch
-        name = prefix + (args.queue or HISTORY_STREAM)
         try:
-            queue = await channel.get_queue(name)
+            queue = await channel.get_queue(self.name)
         except aio_pika.exceptions.ChannelNotFoundEntity:
-            print(
-                f"no queue {name!r} on {url.split('@')[-1]} (is GIN_PREFIX right?)", file=sys.stderr
-            )
+            print(f"no queue {self.name!r} (is GIN_PREFIX right?)", file=sys.stderr)
             return 1
-        # Our own queue: from where it is. The stream: from the offset asked for.
-        consume_arguments: dict[str, Any] = {} if args.queue else {"x-stream-offset": offset(args)}
-
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            arrived.set()
+        # Our own queue: from where it is. The stream: from the offset asked for, then on.
+        arguments: dict[str, Any] = {} if self.args.queue else {"x-stream-offset": self.start}
+        await queue.consume(self.on_message, arguments=arguments)
+        while not lost.is_set():
+            self.arrived.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in (self.arrived, lost)]
             try:
-                envelope = decode_envelope(message.body)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                print(f"not an event ({exc}): skipped", file=sys.stderr)
-                await message.ack()
-                return
-            if dedupe.first_time(envelope):
-                if args.turns:
-                    if isinstance(envelope, Envelope) and envelope.stream == "table":
-                        change = turns.apply(envelope)
-                        if change is not None:
-                            out.write(_json.encode(change) + b"\n")
-                else:  # the envelope as published (unknown fields kept), on one line
-                    out.write(_json.encode(msgspec.json.decode(message.body)) + b"\n")
-                out.flush()
-            await message.ack()
+                finished, _ = await asyncio.wait(
+                    waits, timeout=self.args.idle_exit, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            if not finished:  # --idle-exit seconds without a message
+                self.summary()
+                return 0
+        return None
 
-        await queue.consume(on_message, arguments=consume_arguments)
-        while True:  # until interrupted, or --idle-exit seconds without a message
-            arrived.clear()
-            try:
-                async with asyncio.timeout(args.idle_exit):
-                    await arrived.wait()
-            except TimeoutError:
-                break
-    if args.turns:
-        out.write(_json.encode({"waiting_on": turns.waiting_on()}) + b"\n")
-        out.flush()
-    return 0
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
+        """Print an event the first time it comes; remember the stream offset after it."""
+        self.arrived.set()
+        try:
+            envelope = decode_envelope(message.body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            print(f"not an event ({exc}): skipped", file=sys.stderr)
+        else:
+            if self.dedupe.first_time(envelope):
+                self.show(envelope, message.body)
+        await message.ack()
+        stream_offset = (message.headers or {}).get("x-stream-offset")
+        if isinstance(stream_offset, int):
+            self.start = stream_offset + 1
+
+    def show(self, envelope: Envelope | UnknownEvent, body: bytes) -> None:
+        if self.args.turns:
+            if isinstance(envelope, Envelope) and envelope.stream == "table":
+                change = self.turns.apply(envelope)
+                if change is not None:
+                    self.out.write(_json.encode(change) + b"\n")
+        else:  # the envelope as published (unknown fields kept), on one line
+            self.out.write(_json.encode(msgspec.json.decode(body)) + b"\n")
+        self.out.flush()
+
+    def summary(self) -> None:
+        if self.args.turns:
+            self.out.write(_json.encode({"waiting_on": self.turns.waiting_on()}) + b"\n")
+            self.out.flush()
+
+
+async def run(args: argparse.Namespace) -> int:
+    url = os.environ.get("GIN_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+    return await Reader(args, url, os.environ.get("GIN_PREFIX", "")).run()
 
 
 def main() -> int:

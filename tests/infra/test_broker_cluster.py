@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import msgspec
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from chaos.rabbits import RabbitCluster
-from shared.contracts.names import COMMANDS_QUEUE, DEAD_LETTER, HISTORY_STREAM
+from shared.contracts.envelope import SCHEMA_VERSION
+from shared.contracts.names import COMMANDS_QUEUE, DEAD_LETTER, EVENTS_EXCHANGE, HISTORY_STREAM
 from shared.infra import amqp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,3 +245,103 @@ async def test_an_exclusive_queue_comes_back_on_the_new_node(
         await until(lambda: got == [b"after"], 10, "a delivery on the queue declared again")
     finally:
         await asyncio.to_thread(cluster.start_node, stopped)
+
+
+def stock_low(table_id: str, seq: int) -> bytes:
+    """A table event's envelope (any event does: the reader prints each once)."""
+    return msgspec.json.encode(
+        {
+            "id": str(uuid.uuid4()),
+            "type": "stock_low",
+            "table_id": table_id,
+            "stream": "table",
+            "seq": seq,
+            "occurred_at": "2026-12-05T12:00:00Z",
+            "schema_version": SCHEMA_VERSION,
+            "data": {"type": "stock_low", "hand": 1, "stock_count": 4},
+        }
+    )
+
+
+async def test_a_history_reader_resumes_from_its_last_offset(
+    cluster: RabbitCluster,
+    connections: list[AbstractRobustConnection],
+    from_the_first_node: None,
+) -> None:
+    """examples/subscriber.py (docs/subscribing.md's advice) reading the history stream from
+    "next", on the node that leads the stream: that node stops while events keep coming, and
+    the reader, on the next node, goes on from the offset after the last it processed, so
+    nothing published meanwhile is missed (a consumer made again with "next" would miss it)."""
+    prefix = f"hist{uuid.uuid4().hex[:6]}."
+    declaring = await amqp.connect(cluster.url)
+    connections.append(declaring)
+    channel = await declaring.channel()
+    await amqp.declare_topology(channel, prefix, "chat")
+    first = cluster.names()[0]
+    assert cluster.leader_of(prefix + HISTORY_STREAM) == first
+    publishing = await aio_pika.connect_robust(cluster.urls[2])  # a node that stays
+    connections.append(publishing)
+    events = await (await publishing.channel()).get_exchange(prefix + EVENTS_EXCHANGE)
+    table_id = uuid.uuid4().hex
+
+    async def publish(seq: int) -> None:
+        while True:  # a stream without a leader yet refuses or times out: again
+            try:
+                async with asyncio.timeout(5):
+                    await events.publish(
+                        aio_pika.Message(stock_low(table_id, seq)), f"table.{table_id}.stock_low"
+                    )
+                return
+            except Exception:
+                await asyncio.sleep(0.2)
+
+    reader = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "examples" / "subscriber.py"),
+        "--idle-exit",
+        "6",
+        cwd=ROOT,
+        env={**os.environ, "GIN_AMQP_URL": cluster.url, "GIN_PREFIX": prefix},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert reader.stdout is not None
+    printed: list[int] = []
+
+    async def read_until(seq: int) -> None:
+        assert reader.stdout is not None
+        async with asyncio.timeout(40):
+            while not printed or printed[-1] < seq:
+                line = await reader.stdout.readline()
+                if not line:
+                    assert reader.stderr is not None
+                    error = (await reader.stderr.read()).decode()
+                    raise AssertionError(f"the reader exited: {error}")
+                printed.append(msgspec.json.decode(line)["seq"])
+
+    try:
+        async with asyncio.timeout(30):  # until it reads: it starts at "next"
+            while reader.stdout.at_eof() is False and not printed:
+                await publish(1)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        line = await reader.stdout.readline()
+                        printed.append(msgspec.json.decode(line)["seq"])
+        for seq in range(2, 101):
+            await publish(seq)
+        await read_until(100)
+        await asyncio.to_thread(cluster.stop_node, first)
+        for seq in range(101, 201):
+            await publish(seq)
+        await read_until(200)
+        await asyncio.to_thread(cluster.start_node, first)
+        async with asyncio.timeout(30):
+            rest, err = await reader.communicate()
+    finally:
+        if reader.returncode is None:
+            reader.kill()
+            await reader.wait()
+    printed += [msgspec.json.decode(line)["seq"] for line in rest.splitlines()]
+    assert printed == list(range(1, 201))
+    assert b"resuming on the next node" in err
+    await amqp.delete_topology(channel, prefix)
