@@ -48,12 +48,11 @@ async def declare_topology(amqp_url: str, prefix: str) -> None:
     """The whole shared topology, as the topology operator declares it in production: each
     service declares only its own part, and the table may publish a bot's turn before the bot
     worker has declared its queue."""
-    import aio_pika
     from aiormq.exceptions import ChannelPreconditionFailed
 
     from shared.infra import amqp
 
-    connection = await aio_pika.connect(amqp_url)
+    connection = await amqp.connect(amqp_url)  # one node, or the first of several that answers
     async with connection:
         try:
             await amqp.declare_topology(await connection.channel(), prefix)
