@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -41,7 +42,8 @@ async def make_database(admin_url: str, name: str) -> str:
             await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
-    return admin_url.rpartition("/")[0] + "/" + name
+    # path only: a multi-host URL keeps its hosts and its ?target_session_attrs=read-write
+    return urlunsplit(urlsplit(admin_url)._replace(path="/" + name))
 
 
 async def declare_topology(amqp_url: str, prefix: str) -> None:

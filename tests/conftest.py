@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
@@ -96,8 +97,8 @@ def run_id() -> str:
 
 
 def _with_database(url: str, name: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{name}"
+    """The URL of database ``name`` (its path only: a multi-host URL keeps its query)."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
 
 
 @pytest.fixture(scope="session")
@@ -166,10 +167,10 @@ def settings_of_their_own(settings: Settings, suffix: str, **changes: Any) -> It
     services that live for a whole session: on the run's database their relay would publish
     the other tests' outbox rows and their consumer take the others' commands. The database
     is made first and dropped, with the prefix's broker objects, at the end."""
-    base, _, name = settings.database_url.rpartition("/")
+    name = urlsplit(settings.database_url).path.lstrip("/")
     own = msgspec.structs.replace(
         settings,
-        database_url=f"{base}/{name}_{suffix}",
+        database_url=_with_database(settings.database_url, f"{name}_{suffix}"),
         prefix=f"{settings.prefix}{suffix}.",
         **changes,
     )

@@ -42,6 +42,10 @@ NOTIFY_CHANNEL = "gin_outbox"
 PERSISTENT = 2  # delivery mode
 TRANSIENT = 1
 PUBLISH_TIMEOUT_S = 10.0  # a broker that neither confirms nor fails: give up, retry the batch
+# How long a batch may hold the relay's lock. The server ends the session of a batch idle in
+# its transaction this long (its lock with it: a relay cut off from the database by a network
+# that drops its packets would hold it for good), and the relay drops such a connection too.
+LOCK_HOLD_S = PUBLISH_TIMEOUT_S + 5.0
 PRUNE_EVERY_S = 60.0  # at most; more often when the retention is shorter
 
 
@@ -82,7 +86,10 @@ class RelayMetrics:
 # COMMITTED a statement reads with the snapshot it began with, so a statement that took the
 # lock too could read from before the lock came free, when the relay that had held it had not
 # yet committed its marks, and publish that relay's batch a second time.
-_TAKE_LOCK = "SELECT pg_try_advisory_xact_lock($1)"
+_TAKE_LOCK = f"""
+SELECT pg_try_advisory_xact_lock($1) FROM
+(SELECT set_config('idle_in_transaction_session_timeout', '{int(LOCK_HOLD_S * 1000)}', true)) _
+"""
 _TAKE_BATCH = """
 SELECT now() AS now, id, exchange, routing_key, body, message_id, created_at FROM outbox
 WHERE published_at IS NULL ORDER BY id LIMIT $1
@@ -144,7 +151,10 @@ class OutboxRelay:
                     try:
                         await self._loop(conn)
                     finally:
-                        await conn.remove_listener(NOTIFY_CHANNEL, self._notified)
+                        # A lost connection (a failover) is already back in the pool: its
+                        # error, not this one, says what happened.
+                        with contextlib.suppress(asyncpg.InterfaceError):
+                            await conn.remove_listener(NOTIFY_CHANNEL, self._notified)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -193,7 +203,14 @@ class OutboxRelay:
                 raise asyncio.CancelledError
             self.wake.clear()
             began = loop.time()
-            sent = await self.relay_once(conn)
+            # A batch that holds the lock too long is on a connection that no longer answers
+            # (the database's server ends that session, and frees the lock, as long after):
+            # drop it, and take the lock again on a new one.
+            watchdog = loop.call_later(LOCK_HOLD_S, conn.terminate)
+            try:
+                sent = await self.relay_once(conn)
+            finally:
+                watchdog.cancel()
             if sent >= self.batch:
                 continue
             if self.clock() >= self._prune_at:

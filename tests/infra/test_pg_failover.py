@@ -27,7 +27,7 @@ import msgspec
 import pytest
 
 from chaos.pgpair import PgPair, servers
-from shared.infra import amqp
+from shared.infra import amqp, db, outbox
 from shared.infra.settings import Settings
 from tests.moves import sobra_move
 from tests.table.conftest import Api, all_events, open_api, published
@@ -218,3 +218,36 @@ async def until_rows(conn: asyncpg.Connection, sql: str, *args: Any) -> None:
     while not await conn.fetchval(sql, *args):
         assert time.monotonic() < deadline, f"no rows: {sql}"
         await asyncio.sleep(0.1)
+
+
+async def test_a_refused_write_drops_the_pools_connections(settings: Settings) -> None:
+    """25006 is transient (503, a retry) and no connection of the pool is used again: after
+    a failover they may all be on a server that is a standby now."""
+    pool = await db.create_pool(settings.database_url, "public", 2)
+    try:
+        async with pool.acquire() as one, pool.acquire() as two:
+            before = {one.get_server_pid(), two.get_server_pid()}
+        with pytest.raises(asyncpg.ReadOnlySQLTransactionError) as refused:
+            async with pool.acquire() as conn, conn.transaction(readonly=True):
+                await conn.execute("CREATE TEMP TABLE refused (x int)")
+        assert db.transient(refused.value)
+        async with pool.acquire() as one, pool.acquire() as two:
+            after = {one.get_server_pid(), two.get_server_pid()}
+        assert not before & after
+    finally:
+        await pool.close()
+    none_primary = asyncpg.TargetServerAttributeNotMatched("none of the hosts")
+    assert db.transient(none_primary)
+
+
+async def test_the_relay_lock_is_held_no_longer_than_a_batch_may_take(settings: Settings) -> None:
+    """The session of a relay cut off mid-batch ends after LOCK_HOLD_S, its lock with it."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            assert await conn.fetchval(outbox._TAKE_LOCK, 28)
+            held = await conn.fetchval("SHOW idle_in_transaction_session_timeout")
+        assert held == f"{int(outbox.LOCK_HOLD_S)}s"
+        assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "0"
+    finally:
+        await conn.close()
