@@ -144,6 +144,7 @@ class Timeline:
     """Seconds since play began, and the command latencies the players saw."""
 
     began: float = field(default_factory=time.monotonic)
+    wall: float = field(default_factory=time.time)
     latencies: list[tuple[float, float]] = field(default_factory=list)  # at, seconds
 
     def now(self) -> float:
@@ -151,8 +152,10 @@ class Timeline:
 
 
 class TimedPlayer(Player):
-    """``chaos.run.Player`` whose commands are timed from the first try to the answer (the
-    retries of a 503 or a lost connection included: what the person waits)."""
+    """``chaos.run.Player`` whose requests (a view, a move, a new table) are timed from the
+    first try to the answer, the retries of a 503 or a lost connection included: what the
+    person waits. A replica cut off from the database answers views with 503 as well, and the
+    player waits there before a move: timing moves alone would not show it."""
 
     def __init__(
         self,
@@ -171,9 +174,8 @@ class TimedPlayer(Player):
         try:
             return await super().call(method, path, body, bases)
         finally:
-            if method == "POST" and path.endswith("/commands"):
-                at = began - self.timeline.began
-                self.timeline.latencies.append((at, time.monotonic() - began))
+            at = began - self.timeline.began
+            self.timeline.latencies.append((at, time.monotonic() - began))
 
 
 # --- the history stream, read by offset ------------------------------------------------------
@@ -663,6 +665,8 @@ async def main() -> int:
         known = {(r["table_id"], r["command_id"]) for r in commands}
         lost = lost_moves(ledger.acknowledged, known, logged)
         missed = missed_events(logged, history.arrivals)
+        written = {(r["table_id"], r["seq"]): json.loads(r["body"])["occurred_at"] for r in events}
+        missed_at = verdict.counts_by_window([written[m] for m in missed], timeline.wall, WINDOW_S)
         log_seen = [
             (("table", r["table_id"], r["seq"]), verdict.canonical(r["body"])) for r in events
         ]
@@ -680,6 +684,7 @@ async def main() -> int:
             "lost_acked": len(lost),
             "seq_reused": len(reused),
             "audit_missing": len(missed),
+            "audit_missing_by_window": missed_at,
             "order_breaks": order_breaks(history.arrivals) + order_breaks(sockets.arrivals),
             "stuck": len(stuck),
             "dead_lettered": dead,

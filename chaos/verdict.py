@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -95,6 +96,22 @@ def windows(samples: Iterable[tuple[float, float]], width_s: float = 10.0) -> li
         }
         for index in sorted(buckets)
     ]
+
+
+def counts_by_window(stamps: Iterable[str], since: float, width_s: float = 10.0) -> dict[int, int]:
+    """RFC 3339 times (an envelope's ``occurred_at``) counted by window of seconds after the
+    Unix time ``since``: when the events a check names happened, to set beside the faults.
+
+    >>> counts_by_window(["1970-01-01T00:01:45Z", "1970-01-01T00:01:49.5Z",
+    ...                   "1970-01-01T00:02:01+00:00"], since=100.0)
+    {0: 2, 20: 1}
+    """
+    counts: dict[int, int] = {}
+    for stamp in stamps:
+        at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - since
+        start = round((at // width_s) * width_s)
+        counts[start] = counts.get(start, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def worst_after(
