@@ -133,10 +133,25 @@ class RabbitCluster:
         stop, and the cluster elects new leaders where it led."""
         self.ctl(name, "stop_app")
 
+    def kill_node(self, name: str) -> None:
+        """Kill one node's Erlang VM (SIGKILL, as a machine lost): no goodbye to its clients
+        or its peers, which notice the lost connections (the peers within a few seconds)."""
+        entry = self._entry(name)
+        pids = servers.rabbit_owned_pids(entry, self.owner)
+        for pid in pids:
+            servers.send_signal(pid, signal.SIGKILL)
+        servers.wait_gone(pids, 30)
+
     def start_node(self, name: str) -> None:
-        """Start a stopped node's application again: it rejoins the cluster; return once it
-        runs and each quorum queue and stream counts it among its online members."""
-        self.ctl(name, "start_app")
+        """Start a stopped node's application again (its VM too, if it was killed): it
+        rejoins the cluster; return once it runs and each quorum queue and stream counts it
+        among its online members."""
+        entry = self._entry(name)
+        if servers.pid_alive(entry.beam_pid) or servers.pid_alive(entry.script_pid):
+            self.ctl(name, "start_app")
+        else:  # its data remembers the cluster: it rejoins as it boots
+            self._spawn(entry)
+            self._await_startup(entry)
         self.ctl(name, "await_startup", "--timeout", "120")
         deadline = time.monotonic() + 60
         while True:
