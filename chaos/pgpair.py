@@ -13,11 +13,13 @@ tries each host in turn and keeps the one that accepts writes.
 Synchronous (the default) is production's ``dataDurability: required``: both nodes list
 ``ANY 1 ("a", "b")``, and a node never waits for itself, so whichever is primary waits for
 the other. The one standby stays synchronous through a failover: from the promotion until
-the old primary has rejoined, commits on the new primary wait (no acknowledged commit exists
-on one node only). A wait cut short by the statement timeout ends, as PostgreSQL does it, in
-a commit acknowledged with a WARNING that it may not be replicated yet; the standby gets it
-once it rejoins. ``synchronous=False`` makes the standby asynchronous: a commit is
-acknowledged before the standby has it, and a failover can lose it (``CHAOS_SYNC=off``).
+the old primary has rejoined, every commit on the new primary waits (none is acknowledged,
+or visible to other sessions, while it is on one node only). PostgreSQL disarms the
+statement timeout before a commit, so nothing but the standby's return (or a client's
+cancel, which leaves the commit standing with a WARNING) ends that wait: the services'
+requests in flight wait, and the next ones answer 503 once no pool connection is free.
+``synchronous=False`` makes the standby asynchronous: a commit is acknowledged before the
+standby has it, and a failover can lose it (``CHAOS_SYNC=off``).
 
 Everything lives under ``state_dir`` (or, when the PostgreSQL user cannot reach it, a folder
 of its own in the temporary directory) and is deleted by ``stop``.
@@ -199,6 +201,8 @@ class PgPair:
         for node in NODES:
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(self._root(node))
+        with contextlib.suppress(OSError):  # left when something else is in it
+            self.base.rmdir()
 
     # -- the parts ----------------------------------------------------------------------------
 
