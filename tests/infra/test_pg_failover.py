@@ -48,6 +48,7 @@ class Player:
         self.tokens = tokens
         self.answers: list[tuple[float, int, Any]] = []  # when, status, body
         self.acknowledged: dict[str, tuple[int, int]] = {}  # command_id: (seat, version)
+        self.sent: list[tuple[float, float]] = []  # each command's first sending, its answer
 
     async def call(self, method: str, path: str, token: str, body: Any = None) -> Any:
         while True:
@@ -71,8 +72,10 @@ class Player:
                 view = await self.call("GET", path, self.tokens[seat])
             command_id = f"m-{uuid.uuid4().hex[:12]}"
             body = {**sobra_move(view), "command_id": command_id}
+            sent_at = time.monotonic()
             result = await self.call("POST", f"{path}/commands", self.tokens[seat], body)
             self.acknowledged[command_id] = (seat, result["version"])
+            self.sent.append((sent_at, time.monotonic()))
 
     def acked_since(self, at: float) -> int:
         return sum(1 for when, status, body in self.answers if when >= at and status == 200
@@ -143,6 +146,12 @@ async def test_a_failover_under_play_answers_503_and_loses_no_acknowledged_move(
                 when for p in players for when, status, body in p.answers
                 if when >= killed_at and status == 200 and "version" in body
             ) - killed_at  # fmt: skip
+            # a command first sent after the kill: a commit on the new primary, which waits
+            # for the old one to rejoin (a retried one may be answered from before the kill)
+            first_new_s = (
+                min(acked for p in players for sent, acked in p.sent if sent >= killed_at)
+                - killed_at
+            )
             failover_503 = sum(
                 1 for p in players for when, status, _ in p.answers
                 if killing_at <= when <= killed_at + rejoined_s and status == 503
@@ -208,7 +217,9 @@ async def test_a_failover_under_play_answers_503_and_loses_no_acknowledged_move(
             await conn.close()
     print(
         f"\nfailover: promoted {promoted_s:.2f} s after the kill ({DETECTION_S} s of it"
-        f" waiting), rejoined at {rejoined_s:.2f} s, first move acknowledged at {first_s:.2f} s,"
+        f" waiting), rejoined at {rejoined_s:.2f} s,"
+        f" first answer 200 to a command at {first_s:.2f} s,"
+        f" first command sent after the kill acknowledged at {first_new_s:.2f} s,"
         f" {failover_503} answers 503 meanwhile"
     )
 
