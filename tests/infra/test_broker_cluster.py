@@ -22,14 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import asyncpg
 import msgspec
 import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from prometheus_client import CollectorRegistry
 
 from chaos.rabbits import RabbitCluster
 from shared.contracts.envelope import SCHEMA_VERSION
 from shared.contracts.names import COMMANDS_QUEUE, DEAD_LETTER, EVENTS_EXCHANGE, HISTORY_STREAM
-from shared.infra import amqp
+from shared.infra import amqp, db, outbox
+from shared.infra.outbox import SQL_DIR, OutboxRelay, RelayMetrics
+from shared.infra.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -345,3 +349,93 @@ async def test_a_history_reader_resumes_from_its_last_offset(
     assert printed == list(range(1, 201))
     assert b"resuming on the next node" in err
     await amqp.delete_topology(channel, prefix)
+
+
+async def test_the_outbox_relay_loses_no_committed_row_when_its_node_goes(
+    cluster: RabbitCluster,
+    connections: list[AbstractRobustConnection],
+    from_the_first_node: None,
+    settings: Settings,
+) -> None:
+    """The services' relay (``publish_confirmed`` on a robust channel) on the node leading the
+    queue its events reach: rows committed before, during and after that node's stop are all
+    marked published, and every one of them reaches the queue (a batch whose confirms never
+    came was rolled back and published again, on the node the connection moved to)."""
+    schema = f"relay_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await db.migrate(conn, schema, SQL_DIR)
+    finally:
+        await conn.close()
+    pool = await db.create_pool(settings.database_url, schema, 4)
+    prefix = f"relay{uuid.uuid4().hex[:6]}."
+    publishing = await amqp.connect(cluster.url)
+    connections.append(publishing)
+    channel = await publishing.channel(publisher_confirms=True)
+    exchanges = await amqp.declare_topology(channel, prefix, "chat")
+    name = prefix + "relayed"
+    queue = await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
+    await queue.bind(exchanges[EVENTS_EXCHANGE], "#")
+    stopped = node_of(cluster, publishing)
+    assert cluster.leader_of(name) == stopped
+    consuming = await aio_pika.connect_robust(cluster.urls[2])  # a node that stays
+    connections.append(consuming)
+    received: set[int] = set()
+
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        received.add(int(msgspec.json.decode(message.body)["n"]))
+        await message.ack()
+
+    await (await (await consuming.channel()).get_queue(name)).consume(on_message)
+    registry = CollectorRegistry()
+    relay = OutboxRelay(pool, schema, channel, exchanges, RelayMetrics(registry), poll_s=0.2)
+    relaying = asyncio.create_task(relay.run())
+    committed = 0
+
+    async def commit(until_s: float) -> None:
+        nonlocal committed
+        deadline = time.monotonic() + until_s
+        while time.monotonic() < deadline:
+            async with pool.acquire() as conn:
+                rows = [
+                    (
+                        EVENTS_EXCHANGE,
+                        f"relay.{committed + i}",
+                        b'{"n": %d}' % (committed + i),
+                        uuid.uuid4().hex,
+                    )
+                    for i in range(5)
+                ]
+                await outbox.add_many(conn, rows)
+            committed += 5
+            relay.committed()
+            await asyncio.sleep(0.02)
+
+    try:
+        await commit(2)
+        await asyncio.to_thread(cluster.stop_node, stopped)
+        await commit(3)
+        await asyncio.to_thread(cluster.start_node, stopped)
+        await commit(1)
+
+        async def unpublished() -> int:
+            async with pool.acquire() as conn:
+                n = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            return int(n)
+
+        async with asyncio.timeout(30):
+            while await unpublished():
+                await asyncio.sleep(0.1)
+        await until(lambda: len(received) == committed, 30, "every committed row consumed")
+        assert received == set(range(committed))
+        assert node_of(cluster, publishing) != stopped
+        failures = registry.get_sample_value("gin_outbox_publish_failures_total")
+        print(f"{committed} rows, {failures} failed batches tried again")
+    finally:
+        relaying.cancel()
+        await asyncio.gather(relaying, return_exceptions=True)
+        await channel.queue_delete(name)
+        await amqp.delete_topology(channel, prefix)
+        async with pool.acquire() as conn:
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await pool.close()
