@@ -45,6 +45,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,25 @@ def published_total(metrics: str) -> float:
     return 0.0
 
 
+def local_ports(pid: int) -> set[int]:
+    """The local TCP ports of a process's sockets (its fds' inodes in /proc/net/tcp*)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 # --- the players, timed ---------------------------------------------------------------------
 
 
@@ -145,7 +165,9 @@ class Timeline:
 
     began: float = field(default_factory=time.monotonic)
     wall: float = field(default_factory=time.time)
-    latencies: list[tuple[float, float]] = field(default_factory=list)  # at, seconds
+    # when the answer came (seconds since play began), how long it took: a request stalled
+    # through a fault counts in the window where the player got it
+    latencies: list[tuple[float, float]] = field(default_factory=list)
 
     def now(self) -> float:
         return time.monotonic() - self.began
@@ -174,8 +196,8 @@ class TimedPlayer(Player):
         try:
             return await super().call(method, path, body, bases)
         finally:
-            at = began - self.timeline.began
-            self.timeline.latencies.append((at, time.monotonic() - began))
+            now = time.monotonic()
+            self.timeline.latencies.append((now - self.timeline.began, now - began))
 
 
 # --- the history stream, read by offset ------------------------------------------------------
@@ -257,8 +279,11 @@ class HistoryReader:
         await message.ack()
 
     async def quiet(self, for_s: float, within_s: float) -> None:
+        """Until attached and nothing new for ``for_s`` (at most ``within_s``)."""
         deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline and time.monotonic() - self.last < for_s:  # noqa: ASYNC110
+        while time.monotonic() < deadline:
+            if self.attaches and time.monotonic() - self.last >= for_s:
+                return
             await asyncio.sleep(0.5)
 
     async def stop(self) -> None:
@@ -288,6 +313,7 @@ class SocketReader:
         self.frames = 0
         self.filled = 0
         self.reconnects = 0
+        self.refused: Counter[int] = Counter()  # a socket's upgrade or a fill answered 5xx
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
     def watch(self, table_id: str) -> None:
@@ -321,6 +347,9 @@ class SocketReader:
                                 last = max(last, key[2])
                                 if envelope["type"] in LAST_EVENTS:
                                     return
+            except aiohttp.WSServerHandshakeError as exc:
+                if exc.status >= 500:
+                    self.refused[exc.status] += 1
             except (aiohttp.ClientError, TimeoutError, OSError):
                 pass
             self.reconnects += 1
@@ -336,6 +365,8 @@ class SocketReader:
                     headers={"Authorization": f"Bearer {self.token}"},
                     timeout=aiohttp.ClientTimeout(total=10),
                 ) as r:
+                    if r.status >= 500:
+                        self.refused[r.status] += 1
                     if r.status == 200:
                         for envelope in await r.json():
                             self.filled += 1
@@ -433,9 +464,37 @@ class Chaos:
         return f"{name}, leader of {queue}: {leader}"
 
     async def kill_lock_holder(self, session: aiohttp.ClientSession) -> str:
-        """kill -9 of the relay that published in the last two seconds (the one holding the
-        outbox lock), started again 2 s later as Kubernetes would."""
+        """kill -9 of the relay holding the outbox lock, caught in the act (``pg_locks``: the
+        session holding an advisory lock is one of a relay's connections), started again 2 s
+        later as Kubernetes would. Failing that within 5 s, the relay that published more in
+        the last 2 s (its /metrics)."""
+        holder, how = await self._lock_holder(5.0)
+        if holder is None:
+            holder, how = await self._busier_relay(session)
+        self.fleet.kill(holder)
+        await asyncio.sleep(2.0)
+        self.fleet.start(holder)
+        return f"{holder}, {how}"
 
+    async def _lock_holder(self, within_s: float) -> tuple[str | None, str]:
+        conn = await asyncpg.connect(self.pair.url_for("gin"), timeout=5)
+        try:
+            deadline = time.monotonic() + within_s
+            while time.monotonic() < deadline:
+                ports = await conn.fetch(
+                    "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                    " WHERE l.locktype = 'advisory' AND l.granted"
+                )
+                held = {r["client_port"] for r in ports}
+                for name in RELAYS:
+                    if held & local_ports(self.fleet.running[name].proc.pid):
+                        return name, "seen holding the lock in pg_locks"
+                await asyncio.sleep(0.01)
+        finally:
+            await conn.close()
+        return None, ""
+
+    async def _busier_relay(self, session: aiohttp.ClientSession) -> tuple[str, str]:
         async def counts() -> dict[str, float]:
             out = {}
             for name in RELAYS:
@@ -450,11 +509,7 @@ class Chaos:
         await asyncio.sleep(2.0)
         after = await counts()
         moved = {name: after[name] - before[name] for name in RELAYS}
-        holder = max(RELAYS, key=lambda n: moved[n])
-        self.fleet.kill(holder)
-        await asyncio.sleep(2.0)
-        self.fleet.start(holder)
-        return f"{holder}; published in 2 s: {moved}"
+        return max(RELAYS, key=lambda n: moved[n]), f"published in 2 s: {moved}"
 
     async def cut(self, cut_s: float) -> str:
         """table-b's connections to PostgreSQL reset, new ones held, for ``cut_s``."""
@@ -648,6 +703,14 @@ async def main() -> int:
             await asyncio.sleep(1.0)
             await sockets.stop()
         await history.stop()
+        # One more reader, from the first offset, after everything: what the stream holds.
+        # An event the live reader missed and this one has was lost on the way to the reader
+        # (its resuming); one neither has never reached the stream.
+        log("reading the whole history stream again")
+        reread = HistoryReader(rabbits.urls, PREFIX + HISTORY_STREAM)
+        reread.start()
+        await reread.quiet(for_s=3.0, within_s=60.0)
+        await reread.stop()
 
         log("reading the final primary's log")
         conn = await asyncpg.connect(db_url)
@@ -670,7 +733,8 @@ async def main() -> int:
         log_seen = [
             (("table", r["table_id"], r["seq"]), verdict.canonical(r["body"])) for r in events
         ]
-        reused = verdict.reused_ids(log_seen + history.seen + sockets.seen)
+        reused = verdict.reused_ids(log_seen + history.seen + reread.seen + sockets.seen)
+        not_in_stream = missed_events(logged, reread.arrivals)
         dead = await dead_letters(rabbits.urls)
         over = {t for t in ledger.started if statuses.get(t) in DONE}
         stuck = {t for t in ledger.started if t not in over} | (ledger.stuck - over)
@@ -678,6 +742,15 @@ async def main() -> int:
         bad_lines, bad_examples = non_json_lines(fleet.logs)
         by_window = verdict.windows(timeline.latencies, WINDOW_S)
         http_5xx = sum(n for status, n in ledger.answers.items() if status >= 500)
+        http_500 = http_5xx - ledger.answers.get(503, 0)
+        http_500 += sum(n for status, n in sockets.refused.items() if status != 503)
+        watched: dict[str, set[int]] = {}
+        for (stream, table_id, seq), _ in sockets.seen:
+            if stream == "table":
+                watched.setdefault(table_id, set()).add(seq)
+        socket_missing = [
+            (t, seq) for t, seq, _ in logged if t in sockets.tasks and seq not in watched.get(t, ())
+        ]
         report: dict[str, Any] = {
             "synchronous": synchronous,
             "acked_moves": len(ledger.acknowledged),
@@ -685,11 +758,14 @@ async def main() -> int:
             "seq_reused": len(reused),
             "audit_missing": len(missed),
             "audit_missing_by_window": missed_at,
-            "order_breaks": order_breaks(history.arrivals) + order_breaks(sockets.arrivals),
+            "audit_missing_from_stream": len(not_in_stream),  # on a full read at the end
+            "order_breaks": order_breaks(history.arrivals)
+            + order_breaks(reread.arrivals)
+            + order_breaks(sockets.arrivals),
             "stuck": len(stuck),
             "dead_lettered": dead,
             "http_5xx": http_5xx,
-            "http_500": http_5xx - ledger.answers.get(503, 0),
+            "http_500": http_500,  # any 5xx but 503, the players' and the spectator's
             "fault_errors": sum(1 for f in chaos.faults if f.error),
             "faults": [
                 {k: v for k, v in vars(f).items() if v is not None or k == "error"}
@@ -697,12 +773,16 @@ async def main() -> int:
             ],
             "latency": {
                 "window_s": WINDOW_S,
-                "p99_ms": [[w["start_s"], w["p99_ms"], w["n"]] for w in by_window],
+                "windows": "start_s, p99_ms, max_ms, requests",
+                "p99_ms": [[w["start_s"], w["p99_ms"], w["max_ms"], w["n"]] for w in by_window],
                 "worst_after_fault": [
                     {
                         "what": f.what,
                         "at_s": f.at_s,
                         "worst": verdict.worst_after(by_window, f.at_s, AFTER_FAULT_S, WINDOW_S),
+                        "slowest": verdict.worst_after(
+                            by_window, f.at_s, AFTER_FAULT_S, WINDOW_S, key="max_ms"
+                        ),
                     }
                     for f in chaos.faults
                 ],
@@ -720,6 +800,10 @@ async def main() -> int:
                 "filled_over_http": sockets.filled,
                 "reconnects": sockets.reconnects,
                 "tables": len(sockets.tasks),
+                "5xx": {str(k): v for k, v in sorted(sockets.refused.items())},
+                # events of a watched table its spectator never got, by socket or log
+                "missing": len(socket_missing),
+                "missing_examples": socket_missing[:5],
             },
             "outbox_drained": drained,
             "answers": {str(k): v for k, v in sorted(ledger.answers.items())},

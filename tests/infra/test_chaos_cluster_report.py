@@ -146,3 +146,11 @@ async def test_the_proxy_forwards_resets_holds_and_forwards_again() -> None:
         await proxy.stop()
         server.close()
         await server.wait_closed()
+
+
+def test_a_stall_among_many_quick_answers_shows_in_the_maximum() -> None:
+    samples = [(float(t % 10), 0.005) for t in range(300)] + [(9.5, 12.0)]
+    (window,) = windows(samples, 10.0)
+    assert window["p99_ms"] == 5.0  # 1 in 301: under the 99th percentile
+    assert window["max_ms"] == 12000.0
+    assert worst_after([window], 3.0, key="max_ms") == window
