@@ -177,7 +177,13 @@ class TimedPlayer(Player):
     """``chaos.run.Player`` whose requests (a view, a move, a new table) are timed from the
     first try to the answer, the retries of a 503 or a lost connection included: what the
     person waits. A replica cut off from the database answers views with 503 as well, and the
-    player waits there before a move: timing moves alone would not show it."""
+    player waits there before a move: timing moves alone would not show it.
+
+    A 503 is retried on either replica, as the Service in front of them would send it: the
+    players of ``make chaos`` retry it where it came from, which makes a replica cut off from
+    the database hold every player that lands on it for the whole cut."""
+
+    RETRY_503_ANYWHERE = True
 
     def __init__(
         self,

@@ -241,7 +241,12 @@ class Ledger:
 
 class Player:
     """A person over HTTP who fails over between the table replicas and retries what the
-    service asks to retry (503, a lost connection), with the same body."""
+    service asks to retry (503, a lost connection), with the same body.
+
+    A 503 is retried on the same replica, unless ``RETRY_503_ANYWHERE``: then on either, as a
+    load balancer in front of the replicas would send the retry."""
+
+    RETRY_503_ANYWHERE = False
 
     def __init__(self, session: aiohttp.ClientSession, bases: list[str], ledger: Ledger) -> None:
         self.session = session
@@ -276,6 +281,8 @@ class Player:
             self.ledger.answers[status] += 1
             if status == 503:
                 await asyncio.sleep(min(float(retry_after or 1), 1.0))
+                if self.RETRY_503_ANYWHERE:
+                    index = random.randrange(len(choices))
                 continue
             return status, json.loads(text) if text else None
         raise Stuck(f"{method} {path}")
