@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -789,8 +790,17 @@ async def main() -> int:
                         "slowest": verdict.worst_after(
                             by_window, f.at_s, AFTER_FAULT_S, WINDOW_S, key="max_ms"
                         ),
+                        # the same until the next fault: this one's own, where they overlap
+                        "worst_before_next": verdict.worst_after(
+                            by_window, f.at_s, min(AFTER_FAULT_S, until), WINDOW_S
+                        ),
                     }
-                    for f in chaos.faults
+                    for f, until in zip(
+                        chaos.faults,
+                        [b.at_s - a.at_s for a, b in itertools.pairwise(chaos.faults)]
+                        + [AFTER_FAULT_S],
+                        strict=False,  # no fault at all: nothing to zip
+                    )
                 ],
             },
             "matches_started": len(ledger.started),
