@@ -130,6 +130,8 @@ class OutboxRelay:
         self._notify_due = False
         self._notifier: asyncio.Task[None] | None = None
         self._closed = False
+        # A batch failed or timed out on ``channel``: open it anew before the next publish.
+        self._renew = False
         self.retention_s = retention_s
         self.clock = clock
         # (when, highest id published by then), a mark per ``_mark_s`` at most, oldest first
@@ -251,8 +253,7 @@ class OutboxRelay:
             ]
             if self.digest_to is not None:
                 messages += _digest(self.digest_to, rows)
-            async with asyncio.timeout(PUBLISH_TIMEOUT_S):
-                await publish_confirmed(await self.channel.get_underlay_channel(), messages)
+            await self._publish(messages)
             await conn.execute(
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
                 [row["id"] for row in rows],
@@ -260,6 +261,26 @@ class OutboxRelay:
         self.metrics.published.inc(len(rows))
         self._mark(rows[-1]["id"])
         return len(rows)
+
+    async def _publish(self, messages: list[Outgoing]) -> None:
+        """Publish a batch with confirms on a channel that has not failed one.
+
+        A batch that failed or timed out leaves its channel suspect: after a stream's leader
+        stopped, RabbitMQ 3.10 went on confirming a channel's publishes to the stream that
+        it no longer stored (rabbitmq-server#9457: the channel keeps its route to the old
+        stream writer). The relay then opens the channel anew (a new channel process on the
+        broker) before the batch is tried again; its rows were not marked, so they go out
+        again, at least once."""
+        if self._renew:
+            async with asyncio.timeout(PUBLISH_TIMEOUT_S):  # a blocked connection answers late
+                await _reopen(self.channel)
+            self._renew = False
+        try:
+            async with asyncio.timeout(PUBLISH_TIMEOUT_S):
+                await publish_confirmed(await self.channel.get_underlay_channel(), messages)
+        except Exception:
+            self._renew = True
+            raise
 
     def _mark(self, upto: int) -> None:
         """Rows up to id ``upto`` (those of them published) were published by now."""
@@ -295,6 +316,15 @@ def _stopping() -> bool:
     connection) took its place: the relay then stops instead of retrying for good."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+async def _reopen(channel: AbstractChannel) -> None:
+    """Close a channel and open it again: the same object, a new channel on the broker.
+    The close may fail (the connection is away); the open raises then, and is tried again."""
+    with contextlib.suppress(Exception):
+        await channel.close()
+    await channel.reopen()
+    log.info("outbox_relay_channel_reopened")
 
 
 def _digest(exchange: str, rows: list[asyncpg.Record]) -> list[Outgoing]:

@@ -439,3 +439,175 @@ async def test_the_outbox_relay_loses_no_committed_row_when_its_node_goes(
         async with pool.acquire() as conn:
             await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
         await pool.close()
+
+
+async def read_stream(connection: AbstractRobustConnection, stream: str) -> set[int]:
+    """The ``n`` of every message in a stream, read from its first offset until it is idle."""
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=500)
+    queue = await channel.get_queue(stream, ensure=False)
+    seen: set[int] = set()
+    last = time.monotonic()
+
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        nonlocal last
+        last = time.monotonic()
+        with contextlib.suppress(Exception):
+            seen.add(int(msgspec.json.decode(message.body)["n"]))
+        await message.ack()
+
+    await queue.consume(on_message, arguments={"x-stream-offset": "first"})
+    await until(lambda: time.monotonic() - last > 3, 60, "the stream read to its end")
+    await channel.close()
+    return seen
+
+
+async def test_the_relay_loses_no_stream_event_when_the_streams_leader_goes(
+    cluster: RabbitCluster,
+    connections: list[AbstractRobustConnection],
+    from_the_first_node: None,
+    settings: Settings,
+) -> None:
+    """The relay on a node that stays up, the history stream led by another that stops while
+    rows are committed: every committed row is in the stream once that node is back. A batch
+    that failed or timed out meanwhile is published again on a channel opened anew
+    (rabbitmq-server#9457: the old channel's publishes to the stream were confirmed, not
+    stored, after its leader's failover)."""
+    schema = f"relay_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await db.migrate(conn, schema, SQL_DIR)
+    finally:
+        await conn.close()
+    pool = await db.create_pool(settings.database_url, schema, 4)
+    prefix = f"strm{uuid.uuid4().hex[:6]}."
+    declaring = await amqp.connect(cluster.url)  # the first node: the stream's leader
+    connections.append(declaring)
+    await amqp.declare_topology(await declaring.channel(), prefix, "chat")
+    stream = prefix + HISTORY_STREAM
+    leader = cluster.names()[0]
+    assert cluster.leader_of(stream) == leader
+    publishing = await amqp.connect(cluster.urls[2])  # a node that stays
+    connections.append(publishing)
+    channel = await publishing.channel(publisher_confirms=True)
+    exchanges = await amqp.declare_topology(channel, prefix, "chat")
+    registry = CollectorRegistry()
+    relay = OutboxRelay(pool, schema, channel, exchanges, RelayMetrics(registry), poll_s=0.2)
+    channels = {id(await channel.get_underlay_channel())}
+    relaying = asyncio.create_task(relay.run())
+    committed = 0
+
+    async def commit(until_s: float) -> None:
+        nonlocal committed
+        deadline = time.monotonic() + until_s
+        while time.monotonic() < deadline:
+            async with pool.acquire() as conn:
+                rows = [
+                    (EVENTS_EXCHANGE, f"relay.{n}", b'{"n": %d}' % n, uuid.uuid4().hex)
+                    for n in range(committed, committed + 5)
+                ]
+                await outbox.add_many(conn, rows)
+            committed += 5
+            relay.committed()
+            with contextlib.suppress(Exception):
+                channels.add(id(await channel.get_underlay_channel()))
+            await asyncio.sleep(0.02)
+
+    try:
+        await commit(2)
+        await asyncio.to_thread(cluster.stop_node, leader)
+        await commit(4)
+        await asyncio.to_thread(cluster.start_node, leader)
+        await commit(1)
+
+        async def unpublished() -> int:
+            async with pool.acquire() as conn:
+                n = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            return int(n)
+
+        async with asyncio.timeout(60):
+            while await unpublished():
+                await asyncio.sleep(0.1)
+                with contextlib.suppress(Exception):
+                    channels.add(id(await channel.get_underlay_channel()))
+        failures = registry.get_sample_value("gin_outbox_publish_failures_total") or 0
+        print(f"{committed} rows, {failures} failed batches, {len(channels)} channels")
+        reading = await aio_pika.connect_robust(cluster.urls[1])
+        connections.append(reading)
+        stored = await read_stream(reading, stream)
+        assert set(range(committed)) - stored == set()
+        if failures:
+            assert len(channels) > 1, "a failed batch was tried again on the same channel"
+    finally:
+        relaying.cancel()
+        await asyncio.gather(relaying, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await amqp.delete_topology(await declaring.channel(), prefix)
+        async with pool.acquire() as conn:
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await pool.close()
+
+
+async def test_the_relay_publishes_on_a_new_channel_after_a_timed_out_batch(
+    cluster: RabbitCluster,
+    connections: list[AbstractRobustConnection],
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch whose confirms never came (the relay's node blocks publishers: a memory
+    alarm) is published again, once the node takes them, on a channel opened anew, and every
+    committed row reaches the stream."""
+    monkeypatch.setattr(outbox, "PUBLISH_TIMEOUT_S", 1.0)
+    schema = f"relay_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await db.migrate(conn, schema, SQL_DIR)
+    finally:
+        await conn.close()
+    pool = await db.create_pool(settings.database_url, schema, 4)
+    prefix = f"blk{uuid.uuid4().hex[:6]}."
+    node = cluster.names()[2]
+    publishing = await amqp.connect(cluster.urls[2])
+    connections.append(publishing)
+    channel = await publishing.channel(publisher_confirms=True)
+    exchanges = await amqp.declare_topology(channel, prefix, "chat")
+    registry = CollectorRegistry()
+    relay = OutboxRelay(pool, schema, channel, exchanges, RelayMetrics(registry), poll_s=0.2)
+    before = await channel.get_underlay_channel()
+    relaying = asyncio.create_task(relay.run())
+    rows = [(EVENTS_EXCHANGE, f"relay.{n}", b'{"n": %d}' % n, uuid.uuid4().hex) for n in range(20)]
+    try:
+        await asyncio.to_thread(cluster.ctl, node, "set_vm_memory_high_watermark", "0")
+        async with pool.acquire() as conn:
+            await outbox.add_many(conn, rows[:10])
+        relay.committed()
+        await until(
+            lambda: registry.get_sample_value("gin_outbox_publish_failures_total"),
+            30,
+            "a batch timed out",
+        )
+        await asyncio.to_thread(cluster.ctl, node, "set_vm_memory_high_watermark", "0.4")
+        async with pool.acquire() as conn:
+            await outbox.add_many(conn, rows[10:])
+        relay.committed()
+        async with asyncio.timeout(30):
+            while True:
+                async with pool.acquire() as conn:
+                    if not await conn.fetchval(
+                        "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+                    ):
+                        break
+                await asyncio.sleep(0.1)
+        assert await channel.get_underlay_channel() is not before
+        reading = await aio_pika.connect_robust(cluster.urls[1])
+        connections.append(reading)
+        assert await read_stream(reading, prefix + HISTORY_STREAM) == set(range(20))
+    finally:
+        await asyncio.to_thread(cluster.ctl, node, "set_vm_memory_high_watermark", "0.4")
+        relaying.cancel()
+        await asyncio.gather(relaying, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await amqp.delete_topology(channel, prefix)
+        async with pool.acquire() as conn:
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await pool.close()
