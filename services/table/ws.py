@@ -62,6 +62,10 @@ log = structlog.get_logger()
 _json = msgspec.json.Encoder()
 _ws_command = msgspec.json.Decoder(WsCommand)
 GAP_FILL_LIMIT = 1000
+# A table whose catch-up failed (the database away) is caught up again after this long,
+# doubling up to the most, until one succeeds.
+RETRY_FIRST_S = 0.2
+RETRY_MOST_S = 5.0
 
 # The close codes of the table socket (documented in docs/openapi.yaml and asyncapi.yaml).
 CLOSE_GOING_AWAY = int(WSCloseCode.GOING_AWAY)  # 1001: this replica stops; reconnect elsewhere
@@ -193,6 +197,10 @@ class Hub:
         self.latest: dict[str, TableRow] = {}
         self.heard: dict[str, int] = {}
         self.snapshots: dict[tuple[str, str | None], tuple[int, bytes]] = {}
+        # Watched tables whose catch-up failed: the batch that told of their events is gone
+        # (the queue is consumed without acks), so they are caught up from the log again.
+        self.behind: set[str] = set()
+        self.retrying: asyncio.Task[None] | None = None
 
     async def start(self, connection: AbstractRobustConnection) -> None:
         """Open this replica's queue and consume; start delivering this replica's commits."""
@@ -210,11 +218,12 @@ class Hub:
         self.task = asyncio.get_running_loop().create_task(self._deliver_commits(), name="ws-hub")
 
     async def stop(self) -> None:
-        """Stop the delivery task and wait for the closes under way (each is bounded)."""
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+        """Stop the delivery tasks and wait for the closes under way (each is bounded)."""
+        for task in (self.task, self.retrying):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await asyncio.gather(*self.closing, return_exceptions=True)
 
     async def _consume(self) -> None:
@@ -432,6 +441,7 @@ class Hub:
                 await self.deliver_local(change)
             except Exception:
                 log.exception("ws_delivery_failed", table_id=table_id)
+                self.retry_later(table_id)
             finally:
                 if self.coming.get(table_id) == change.row.seq:
                     del self.coming[table_id]
@@ -459,7 +469,7 @@ class Hub:
             log.warning("ws_consume_failed", error=repr(exc))
             return
         for table_id in list(self.clients):
-            await self.catch_up(table_id, [])
+            await self.catch_up_or_retry(table_id, [])
 
     async def deliver_batch(self, body: bytes) -> None:
         """A relay batch of table events (a JSON array of envelopes, of any tables): send on
@@ -474,7 +484,41 @@ class Hub:
             if watchers and any(c.ready and c.last_seq < head.seq for c in watchers):
                 behind.setdefault(head.table_id, []).append(envelope_decoder.decode(raw))
         for table_id, burst in behind.items():
+            await self.catch_up_or_retry(table_id, burst)
+
+    async def catch_up_or_retry(self, table_id: str, burst: list[Envelope]) -> None:
+        """``catch_up``; one that fails (the database away) is retried until it succeeds."""
+        try:
             await self.catch_up(table_id, burst)
+        except Exception as exc:
+            log.warning("ws_catch_up_failed", table_id=table_id, error=repr(exc))
+            self.retry_later(table_id)
+
+    def retry_later(self, table_id: str) -> None:
+        """Catch a table's clients up from its log later, with a bounded backoff."""
+        self.behind.add(table_id)
+        if self.retrying is None or self.retrying.done():
+            self.retrying = asyncio.get_running_loop().create_task(
+                self._retry_behind(), name="ws-hub-retry"
+            )
+
+    async def _retry_behind(self) -> None:
+        """Catch up the tables ``behind`` until none is: a catch-up without a burst reads
+        every event past each client's ``last_seq``, so no seq a failed one missed is lost,
+        and none is sent twice."""
+        wait = RETRY_FIRST_S
+        while self.behind:
+            await asyncio.sleep(wait)
+            failed = False
+            for table_id in list(self.behind):
+                self.behind.discard(table_id)  # a table unwatched meanwhile: nothing to do
+                try:
+                    await self.catch_up(table_id, [])
+                except Exception as exc:
+                    log.warning("ws_catch_up_failed", table_id=table_id, error=repr(exc))
+                    self.behind.add(table_id)
+                    failed = True
+            wait = min(wait * 2, RETRY_MOST_S) if failed else RETRY_FIRST_S
 
     async def deliver(self, envelope: Envelope) -> None:
         """An event from ``gin.events`` (chat, timers): send it to every client at its table

@@ -318,6 +318,48 @@ async def test_a_failure_after_the_commit_never_fails_the_command(
     assert failed == {"relay_wake_failed", "ws_handoff_failed"}
 
 
+class FailingPool:
+    """A pool that cannot give a connection while ``failing`` (the database away)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.failing = True
+        self.refused = 0
+
+    def acquire(self) -> Any:
+        if self.failing:
+            self.refused += 1
+            raise ConnectionRefusedError("the database is away")
+        return self.pool.acquire()
+
+
+async def test_a_relay_batch_the_hub_cannot_apply_yet_is_applied_later(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit this replica hears of only from its relay batch (as another replica's), while
+    the hub cannot read the database: the batch's catch-up fails, and once the database
+    answers the watcher still gets the event (the batch was not dropped)."""
+    hub = hub_of(api)
+    table_id, ana, bia = await api.table_for_two()
+    monkeypatch.setattr(hub, "committed", lambda _change: None)  # as if another replica's
+    seat = (await api.view(table_id))["hand"]["to_act"]
+    async with api.client.ws_connect(ws_path(table_id)) as ws:
+        assert (await ws_receive(ws))["kind"] == "snapshot"
+        failing = FailingPool(hub.pool)
+        monkeypatch.setattr(hub, "pool", failing)
+        status, body = await api.command(table_id, [ana, bia][seat], type="pass_upcard")
+        assert status == 200, body
+        async with asyncio.timeout(10):
+            while not failing.refused:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # a retry or two fails too
+        failing.failing = False
+        seqs = [e["seq"] for e in body["events"]]
+        got = [(await ws_receive(ws))["event"]["seq"] for _ in seqs]
+        assert got == seqs
+        assert not hub.behind
+
+
 # --- told to resume, and the close codes ------------------------------------------------------
 
 
