@@ -66,6 +66,8 @@ GAP_FILL_LIMIT = 1000
 # doubling up to the most, until one succeeds.
 RETRY_FIRST_S = 0.2
 RETRY_MOST_S = 5.0
+# A bind waits this long at most for the broker (a robust channel waits for its connection).
+BIND_TIMEOUT_S = 2.0
 
 # The close codes of the table socket (documented in docs/openapi.yaml and asyncapi.yaml).
 CLOSE_GOING_AWAY = int(WSCloseCode.GOING_AWAY)  # 1001: this replica stops; reconnect elsewhere
@@ -200,6 +202,9 @@ class Hub:
         # Watched tables whose catch-up failed: the batch that told of their events is gone
         # (the queue is consumed without acks), so they are caught up from the log again.
         self.behind: set[str] = set()
+        # Watched tables whose chat and timer keys are not bound: the broker's channel was
+        # away when their first watcher came. Bound by the same task, and the socket served.
+        self.unbound: set[str] = set()
         self.retrying: asyncio.Task[None] | None = None
 
     async def start(self, connection: AbstractRobustConnection) -> None:
@@ -265,7 +270,20 @@ class Hub:
         watchers.add(client)
         self.sockets += 1
         self.metrics.open_sockets.inc()
-        if first and self.queue is not None and self.exchange is not None:
+        if not first:
+            return
+        try:
+            await self._bind(table_id)
+        except Exception as exc:  # the broker's channel is away: bind when it is back
+            log.warning("ws_bind_failed", table_id=table_id, error=repr(exc))
+            self.unbound.add(table_id)
+            self._retry()
+
+    async def _bind(self, table_id: str) -> None:
+        """Hear a table's chat and timer events on this replica's queue."""
+        if self.queue is None or self.exchange is None:
+            return
+        async with asyncio.timeout(BIND_TIMEOUT_S):
             for key in watched_keys(table_id):
                 await self.queue.bind(self.exchange, key)
 
@@ -280,6 +298,7 @@ class Hub:
         if watchers:
             return False
         del self.clients[client.table_id]
+        self.unbound.discard(client.table_id)
         self.latest.pop(client.table_id, None)
         self.heard.pop(client.table_id, None)
         for key in [k for k in self.snapshots if k[0] == client.table_id]:
@@ -497,19 +516,32 @@ class Hub:
     def retry_later(self, table_id: str) -> None:
         """Catch a table's clients up from its log later, with a bounded backoff."""
         self.behind.add(table_id)
+        self._retry()
+
+    def _retry(self) -> None:
         if self.retrying is None or self.retrying.done():
             self.retrying = asyncio.get_running_loop().create_task(
                 self._retry_behind(), name="ws-hub-retry"
             )
 
     async def _retry_behind(self) -> None:
-        """Catch up the tables ``behind`` until none is: a catch-up without a burst reads
-        every event past each client's ``last_seq``, so no seq a failed one missed is lost,
-        and none is sent twice."""
+        """Bind the tables ``unbound`` and catch up those ``behind`` until none is left: a
+        catch-up without a burst reads every event past each client's ``last_seq``, so no
+        seq a failed one missed is lost, and none is sent twice."""
         wait = RETRY_FIRST_S
-        while self.behind:
+        while self.behind or self.unbound:
             await asyncio.sleep(wait)
             failed = False
+            for table_id in list(self.unbound):
+                try:
+                    await self._bind(table_id)
+                except Exception as exc:
+                    log.warning("ws_bind_failed", table_id=table_id, error=repr(exc))
+                    failed = True
+                    continue
+                self.unbound.discard(table_id)
+                if table_id not in self.clients:  # its last watcher left meanwhile
+                    await self._unbind(table_id)
             for table_id in list(self.behind):
                 self.behind.discard(table_id)  # a table unwatched meanwhile: nothing to do
                 try:

@@ -14,6 +14,7 @@ import asyncpg
 import msgspec
 import pytest
 
+from services.table.ws import HUB
 from shared.contracts.envelope import wrap
 from shared.contracts.events import MessagePosted
 from shared.contracts.names import EVENTS_EXCHANGE, chat_key
@@ -332,3 +333,40 @@ async def test_a_watched_tables_snapshot_comes_from_memory_and_stays_current(
         assert snapshot["view"] == await api.view(table_id)
     finally:
         await first.close()
+
+
+async def test_a_socket_opened_while_the_hubs_channel_is_away_is_served(
+    api: Api, settings: Settings
+) -> None:
+    """A socket's first watcher of a table comes while the hub's broker channel is closed (a
+    broker node stopping): the bind fails, yet the socket gets its snapshot, not a 500, and
+    the table's chat once the channel is back (the hub binds it then)."""
+    hub = api.client.server.app[HUB]
+    table_id, ana, _ = await api.table_for_two()
+    assert hub.channel is not None
+    await hub.channel.close()
+    ws = await api.client.ws_connect(ws_path(table_id, ana))
+    try:
+        assert (await ws_receive(ws))["kind"] == "snapshot"
+        assert table_id in hub.unbound
+        await hub.channel.reopen()
+        await hub.resync()  # as after a reconnect: consume again
+        connection = await aio_pika.connect(settings.amqp_url)
+        async with connection:
+            channel = await connection.channel()
+            exchange = await channel.get_exchange(settings.prefix + EVENTS_EXCHANGE)
+            heard = None
+            for n in range(1, 101):  # until the hub has bound the table's chat
+                posted = MessagePosted(message_id=n, seat=1, name="Bia", text=f"oi {n}")
+                envelope = wrap(table_id, n, posted, datetime.now(UTC))
+                await exchange.publish(
+                    aio_pika.Message(msgspec.json.encode(envelope)), routing_key=chat_key(table_id)
+                )
+                with contextlib.suppress(TimeoutError):
+                    heard = await ws_receive(ws, within_s=0.1)
+                    break
+        assert heard is not None
+        assert heard["event"]["type"] == "message_posted"
+        assert not hub.unbound
+    finally:
+        await ws.close()
