@@ -131,6 +131,13 @@ def test_the_services_url_names_every_node(cluster: RabbitCluster) -> None:
     assert "guest@" not in amqp.redacted(cluster.url)
 
 
+async def unpublished(pool: Any) -> int:
+    """The outbox rows not yet published."""
+    async with pool.acquire() as conn:
+        n = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+    return int(n)
+
+
 async def test_the_topology_is_replicated_on_every_node(
     cluster: RabbitCluster, connections: list[AbstractRobustConnection]
 ) -> None:
@@ -418,13 +425,8 @@ async def test_the_outbox_relay_loses_no_committed_row_when_its_node_goes(
         await asyncio.to_thread(cluster.start_node, stopped)
         await commit(1)
 
-        async def unpublished() -> int:
-            async with pool.acquire() as conn:
-                n = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-            return int(n)
-
         async with asyncio.timeout(30):
-            while await unpublished():
+            while await unpublished(pool):
                 await asyncio.sleep(0.1)
         await until(lambda: len(received) == committed, 30, "every committed row consumed")
         assert received == set(range(committed))
@@ -520,13 +522,8 @@ async def test_the_relay_loses_no_stream_event_when_the_streams_leader_goes(
         await asyncio.to_thread(cluster.start_node, leader)
         await commit(1)
 
-        async def unpublished() -> int:
-            async with pool.acquire() as conn:
-                n = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-            return int(n)
-
         async with asyncio.timeout(60):
-            while await unpublished():
+            while await unpublished(pool):
                 await asyncio.sleep(0.1)
                 with contextlib.suppress(Exception):
                     channels.add(id(await channel.get_underlay_channel()))
