@@ -236,15 +236,7 @@ class RabbitCluster:
         cookie = root / "home" / ".erlang.cookie"
         cookie.write_text(self.cookie)
         os.chmod(cookie, 0o400)
-        (root / "rabbitmq.conf").write_text(
-            "# Written by chaos/rabbits.py.\n"
-            f"listeners.tcp.default = {servers.LOCALHOST}:{entry.port}\n"
-            "loopback_users = none\n"
-            "log.console = true\n"
-            "log.file = false\n"
-        )
-        (root / "enabled_plugins").write_text("[].\n")
-        (root / "rabbitmq-env.conf").write_text("# Empty: keeps /etc/rabbitmq's out.\n")
+        servers.write_rabbit_config(root, entry.port)
 
     def _spawn(self, entry: servers.RabbitState) -> None:
         root = Path(entry.root)

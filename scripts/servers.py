@@ -1014,6 +1014,20 @@ def read_pid_file(path: Path) -> int | None:
         return None
 
 
+def write_rabbit_config(root: Path, port: int) -> None:
+    """A node's own configuration under ``root``: AMQP on ``port`` at the loopback address,
+    logs to the console, no plugins, and nothing read from /etc/rabbitmq."""
+    (root / "rabbitmq.conf").write_text(
+        "# Written by scripts/servers.py on every start.\n"
+        f"listeners.tcp.default = {LOCALHOST}:{port}\n"
+        "loopback_users = none\n"
+        "log.console = true\n"
+        "log.file = false\n"
+    )
+    (root / "enabled_plugins").write_text("[].\n")
+    (root / "rabbitmq-env.conf").write_text("# Empty: keeps /etc/rabbitmq/rabbitmq-env.conf out.\n")
+
+
 def start_rabbitmq(
     state_dir: Path, state: State, installer: Installer, timeout: float
 ) -> RabbitState:
@@ -1037,15 +1051,7 @@ def start_rabbitmq(
         epmd_port=epmd_port,
         url=f"amqp://guest:guest@{LOCALHOST}:{port}/",
     )
-    (root / "rabbitmq.conf").write_text(
-        "# Written by scripts/servers.py on every start.\n"
-        f"listeners.tcp.default = {LOCALHOST}:{port}\n"
-        "loopback_users = none\n"
-        "log.console = true\n"
-        "log.file = false\n"
-    )
-    (root / "enabled_plugins").write_text("[].\n")
-    (root / "rabbitmq-env.conf").write_text("# Empty: keeps /etc/rabbitmq/rabbitmq-env.conf out.\n")
+    write_rabbit_config(root, port)
     with contextlib.suppress(FileNotFoundError):
         (root / "rabbitmq.pid").unlink()
     env = rabbit_env(entry, owner)

@@ -181,6 +181,7 @@ class Hub:
         self.exchange: AbstractExchange | None = None
         self.batches = prefix + SOCKETS_EXCHANGE
         self.metrics = SocketMetrics(registry, send_queue)
+        self.metrics.open_sockets.set_function(lambda: self.sockets)  # one count, read at scrape
         # This replica's commits, in commit order: delivered by one task, off the request.
         # Unbounded: it fills no faster than the database commits, and its task never waits
         # on a socket (only on the rare gap fill's read).
@@ -269,7 +270,6 @@ class Hub:
         first = not watchers
         watchers.add(client)
         self.sockets += 1
-        self.metrics.open_sockets.inc()
         if not first:
             return
         try:
@@ -294,7 +294,6 @@ class Hub:
             return False
         watchers.discard(client)
         self.sockets -= 1
-        self.metrics.open_sockets.dec()
         if watchers:
             return False
         del self.clients[client.table_id]
