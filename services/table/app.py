@@ -11,6 +11,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from services.table import store
 from services.table.bot_turns import BotTurnResend
 from services.table.commits import GroupCommit
 from services.table.consumer import CommandConsumer
@@ -38,6 +39,7 @@ from shared.infra.settings import Settings
 
 log = structlog.get_logger()
 SCHEMA = "gin_table"
+DEADLINES_BACKFILL_BATCH = 500
 MIGRATIONS = Path(__file__).parent / "migrations"
 RELAY = web.AppKey("relay", OutboxRelay)
 
@@ -97,6 +99,25 @@ async def _group_commit(app: web.Application) -> AsyncIterator[None]:
     await app[GROUP_COMMIT].close()
 
 
+async def _backfill_deadlines(app: web.Application) -> None:
+    """Fill in the deadlines migration 009 left to the service, a batch at a time, then end
+    (any replica may: the batches skip each other's rows)."""
+    backfill_after = 0.0
+    while True:
+        await asyncio.sleep(backfill_after)
+        try:
+            async with app[POOL].acquire() as conn:
+                filled = await store.backfill_deadlines(conn, DEADLINES_BACKFILL_BATCH)
+        except Exception as exc:  # the database away: try again shortly
+            log.warning("deadlines_backfill_failed", error=repr(exc))
+            backfill_after = 5.0
+            continue
+        if filled == 0:
+            return
+        log.info("deadlines_backfilled", tables=filled)
+        backfill_after = 0.0
+
+
 async def _broker(app: web.Application) -> AsyncIterator[None]:
     """The relay, this replica's WebSocket hub and the command consumer."""
     settings = app[SETTINGS]
@@ -122,9 +143,10 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
         resend_s=settings.bot_turn_resend_s,
     )
     resending = asyncio.create_task(resend.run(), name="bot-turn-resend")
+    backfill = asyncio.create_task(_backfill_deadlines(app), name="deadlines-backfill")
     yield
     await consumer.stop()
-    await service.cancel(resending, *([] if relay is None else [relay]))
+    await service.cancel(resending, backfill, *([] if relay is None else [relay]))
     await hub.stop()
     await app[RELAY].close()
     await app[BROKER].close()

@@ -7,6 +7,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
+from services.table.deadlines import DECIDING, deadlines_of
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import Player
 from shared.contracts.options import TableOptions
@@ -251,6 +252,22 @@ WITH x AS (
     SELECT h.table_id, h.hand, h.record::jsonb
     FROM unnest($24::text[], $25::int[], $26::text[]) AS h(table_id, hand, record)
     WHERE h.table_id IN (SELECT table_id FROM moved)
+), timed AS (
+    INSERT INTO deadlines AS d (table_id, absence_seat, absence_since, absence_seq,
+        expiry_since, expiry_seq)
+    SELECT * FROM unnest($27::text[], $28::smallint[], $29::timestamptz[], $30::bigint[],
+        $31::timestamptz[], $32::bigint[])
+        AS t(table_id, absence_seat, absence_since, absence_seq, expiry_since, expiry_seq)
+    WHERE t.table_id IN (SELECT table_id FROM moved)
+    ON CONFLICT (table_id) DO UPDATE SET
+        absence_seq = CASE
+            WHEN (d.absence_seat, d.absence_since)
+                IS NOT DISTINCT FROM (excluded.absence_seat, excluded.absence_since)
+                AND NOT d.backfill
+            THEN d.absence_seq ELSE excluded.absence_seq END,
+        absence_seat = excluded.absence_seat, absence_since = excluded.absence_since,
+        expiry_since = excluded.expiry_since, expiry_seq = excluded.expiry_seq,
+        backfill = false
 )
 SELECT table_id FROM moved
 """
@@ -267,13 +284,14 @@ async def save_change(conn: Conn, change: Change) -> None:
 
 
 async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
-    """The state, events, outbox messages, hand records and command result of each attempt
-    still current (``Attempt``), all in one statement (outside a transaction it commits on
-    its own); the table ids of those saved."""
+    """The state, events, outbox messages, hand records, deadlines (``deadlines_of``) and
+    command result of each attempt still current (``Attempt``), all in one statement (outside
+    a transaction it commits on its own); the table ids of those saved."""
     moves: list[tuple[object, ...]] = []
     events: list[tuple[object, ...]] = []
     outbox: list[tuple[object, ...]] = []
     hands: list[tuple[object, ...]] = []
+    timers: list[tuple[object, ...]] = []
     for attempt in attempts:
         change = attempt.change
         row = change.row
@@ -302,11 +320,14 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
         )
         outbox += ((table_id, *message) for message in change.outbox)
         hands += ((table_id, hand, record.decode()) for hand, record in change.hands)
+        due = deadlines_of(row.status, row.state, row.last_move_at, row.seq, change.envelopes)
+        timers.append((table_id, *msgspec.structs.astuple(due)))
     columns = (
         *_columns(moves, 14),
         *_columns(events, 4),
         *_columns(outbox, 5),
         *_columns(hands, 3),
+        *_columns(timers, 6),
     )
     saved = await conn.fetch(_SAVE_IF_CURRENT, *columns)
     return {record[0] for record in saved}
@@ -315,6 +336,36 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
 def _columns(rows: list[tuple[object, ...]], width: int) -> list[list[object]]:
     """Rows as their columns (each the array of an ``unnest``), ``width`` of them."""
     return [list(column) for column in zip(*rows, strict=True)] or [[] for _ in range(width)]
+
+
+async def backfill_deadlines(conn: Conn, limit: int) -> int:
+    """Fill in the deadlines of up to ``limit`` tables that migration 009 left to the service
+    (a playing table's decision is in its engine state); how many. The absence's event is the
+    table's last deciding one in its log. Tables a move holds are skipped: its save fills
+    them in."""
+    async with conn.transaction():
+        records = await conn.fetch(
+            "SELECT t.table_id, t.status, t.state, t.last_move_at, t.seq,"
+            " (SELECT max(e.seq) FROM events e WHERE e.table_id = t.table_id"
+            "  AND e.type = ANY($2::text[])) AS deciding"
+            " FROM deadlines d JOIN tables t USING (table_id) WHERE d.backfill"
+            " LIMIT $1 FOR UPDATE OF t, d SKIP LOCKED",
+            limit,
+            sorted(DECIDING),
+        )
+        filled = []
+        for r in records:
+            state = None if r["state"] is None else _state_decoder.decode(r["state"])
+            due = deadlines_of(r["status"], state, r["last_move_at"], r["seq"])
+            if due.absence_seat is not None and r["deciding"] is not None:
+                due = msgspec.structs.replace(due, absence_seq=r["deciding"])
+            filled.append((r["table_id"], *msgspec.structs.astuple(due)))
+        await conn.executemany(
+            "UPDATE deadlines SET absence_seat = $2, absence_since = $3, absence_seq = $4,"
+            " expiry_since = $5, expiry_seq = $6, backfill = false WHERE table_id = $1",
+            filled,
+        )
+    return len(records)
 
 
 async def take_due_bot_turns(conn: Conn, now: datetime, limit: int) -> list[TableRow]:

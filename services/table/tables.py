@@ -151,7 +151,7 @@ class Tables:
             TableCreated(options=options, creator=creator),
             SeatTaken(seat=0, player=creator),
         ]
-        change = self._change(row, events)
+        change = self._change(row, events, now)
         await store.save_change(conn, change)
         design = await store.deck_design(conn, identity.id)
         created = TableCreatedResponse(
@@ -204,7 +204,7 @@ class Tables:
         state, dealt = self._deal_if_due(state, timing)
         row.state = state
         row.status = "playing"
-        change = self._change(row, [*events, *dealt])
+        change = self._change(row, [*events, *dealt], _at(timing.now))
         await store.save_change(conn, change)
         view = self.table_view(row, row.seat_of(caller.id), design)
         return CommandResult(version=row.version, events=change.envelopes, view=view), change
@@ -234,8 +234,9 @@ class Tables:
                 "stale_version",
                 f"the table is at version {row.version}, not {cmd.expected_version}",
             )
-        events = self._apply(row, seat, cmd)
-        change = self._change(row, events)
+        timing = self.timing()
+        events = self._apply(row, seat, cmd, timing)
+        change = self._change(row, events, _at(timing.now))
         view = self.table_view(row, seat, locked.deck_design)
         change.views[(seat, locked.deck_design)] = view
         result = _json.encode(
@@ -278,10 +279,11 @@ class Tables:
         row = msgspec.structs.replace(remembered)  # the remembered row is never changed
         try:
             seat = self._seat(row, actor, cmd)
-            events = self._apply(row, seat, cmd)
+            timing = self.timing()
+            events = self._apply(row, seat, cmd, timing)
         except (Refused, IllegalAction):
             return None
-        change = self._change(row, events)
+        change = self._change(row, events, _at(timing.now))
         view = self.table_view(row, seat, design)
         change.views[(seat, design)] = view
         result = _json.encode(
@@ -369,8 +371,9 @@ class Tables:
             raise Refused(403, "not_seated", "spectators watch and do not play", "R10.1")
         return seat
 
-    def _apply(self, row: TableRow, seat: int | None, cmd: c.Command) -> list[AnyEvent]:
-        timing = self.timing()
+    def _apply(
+        self, row: TableRow, seat: int | None, cmd: c.Command, timing: Timing
+    ) -> list[AnyEvent]:
         if row.status in ("closed", "expired"):
             raise Refused(409, "table_closed", "this table is closed", "R10.3")
         if row.state is None:  # waiting for an opponent
@@ -427,15 +430,16 @@ class Tables:
         return locked
 
     def _now(self) -> datetime:
-        return datetime.fromtimestamp(self.clock(), UTC)
+        return _at(self.clock())
 
     def now(self) -> datetime:
         """The service's clock, as an aware UTC datetime."""
         return self._now()
 
-    def _change(self, row: TableRow, events: list[AnyEvent]) -> store.Change:
-        """The new version and seqs, the envelopes, hand records and outbox messages."""
-        now = self._now()
+    def _change(self, row: TableRow, events: list[AnyEvent], now: datetime) -> store.Change:
+        """The new version and seqs, the envelopes, hand records and outbox messages; the
+        events occurred ``now``: the moment the engine applied the command (so an absence's
+        ``since``, the engine's ``decision_since``, is its deciding event's ``occurred_at``)."""
         envelopes = []
         row.version += 1
         for event in events:
@@ -485,3 +489,8 @@ class Tables:
             version=row.version,
             view=self.table_view(row, seat, None),
         )
+
+
+def _at(timestamp: float) -> datetime:
+    """A clock reading as an aware UTC datetime."""
+    return datetime.fromtimestamp(timestamp, UTC)

@@ -10,13 +10,11 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from services.timers.consumer import EventConsumer
 from services.timers.deadlines import Durations
 from services.timers.firing import DEFAULT_EXCHANGE, Firing
 from services.timers.metrics import TimerMetrics
 from shared.contracts.names import COMMANDS_EXCHANGE, EVENTS_EXCHANGE
 from shared.infra import service
-from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
@@ -26,7 +24,6 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 METRICS = web.AppKey("metrics", TimerMetrics)
 FIRING = web.AppKey("firing", Firing)
-CONSUMER = web.AppKey("consumer", EventConsumer)
 
 
 async def migrate(settings: Settings) -> None:
@@ -49,7 +46,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
 
 
 async def _broker(app: web.Application) -> AsyncIterator[None]:
-    """The event consumer, the firing loop and the relay of what fires."""
+    """The firing loop and the relay of what fires."""
     settings = app[SETTINGS]
     channel, exchanges = await service.open_broker(app, "timers")
     outbound = {
@@ -63,26 +60,16 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
         settings.prefix,
         app[CLOCK],
         app[METRICS],
+        Durations(settings.absence_after_s, settings.expiry_after_s),
         batch=settings.timer_batch,
         poll_s=settings.timer_poll_s,
         retry_s=settings.timer_retry_s,
     )
     app[FIRING] = firing
-    consumer = EventConsumer(
-        app[POOL],
-        Durations(settings.absence_after_s, settings.expiry_after_s),
-        settings.prefix,
-        app[METRICS],
-        firing.wake,
-        ConsumerMetrics(app[REGISTRY]),
-    )
-    app[CONSUMER] = consumer
-    await consumer.start(app[BROKER])
     tasks = [
         asyncio.create_task(relay.run(), name="timer-outbox-relay"),
-        asyncio.create_task(firing.run(consumer.caught_up), name="timer-firing"),
+        asyncio.create_task(firing.run(), name="timer-firing"),
     ]
     yield
-    await consumer.stop()
     await service.cancel(*tasks)
     await app[BROKER].close()

@@ -1,12 +1,13 @@
-"""A table's deadlines after one of its public events (docs/RULES.md R10.2, R10.3). Pure.
+"""When deadlines are due, and which to look at (docs/RULES.md R10.2, R10.3). Pure.
 
-The timer service reads no other service's tables, so it follows the turn from the events:
-after ``hand_started`` the non-dealer decides (the upcard); after ``upcard_passed`` or
-``card_discarded`` by seat s, seat 1 - s; ``upcard_taken`` and ``card_drawn`` leave the
-decision with the same seat, and its clock runs on (as the engine's ``decision_since``).
-``hand_ended`` and ``match_ended`` clear the absence deadline until the next deal;
-``table_closed`` and ``table_expired`` drop both. Every table event comes from an accepted
-command, so each one moves the expiry; chat does not count (R10.3).
+The table service saves each open table's deadlines with every change of the table
+(``gin_table.timer_deadlines``: the seat to act and since when, the last move's time); this
+service fires those whose moment is older than the absence or expiry time. It looks at a
+window of moments per kind: from a margin before where it last looked up to the newest
+moment due now. A moment written after a look that is older than that look's end (a table
+replica's clock behind this one's, a commit that took long) is still in the next window when
+it is late by less than ``LOOK_BACK``; what was fired is kept (``fired``), so the overlap
+fires nothing twice.
 """
 
 from __future__ import annotations
@@ -16,28 +17,16 @@ from typing import Literal
 
 import msgspec
 
-from shared.contracts.envelope import Envelope
-from shared.contracts.events import (
-    AbsenceClaimable,
-    CardDiscarded,
-    CardDrawn,
-    HandEnded,
-    HandStarted,
-    MatchEnded,
-    MessagePosted,
-    TableClosed,
-    TableExpired,
-    UpcardPassed,
-    UpcardTaken,
-)
-
 Kind = Literal["absence", "expiry"]
 KINDS: tuple[Kind, ...] = ("absence", "expiry")
 
 # R10.2 allows a claim only *more* than the absence time after the turn started, and the
-# table service compares its float clock with the event's microsecond timestamp: a deadline
+# table service compares its float clock with the stored microsecond timestamp: a deadline
 # this much after the exact moment is one the table service always agrees has passed.
 MARGIN = timedelta(milliseconds=1)
+# How far before its last look a look starts again (clock skew between replicas, and the
+# time from a move's clock reading to its commit, are far below this).
+LOOK_BACK = timedelta(minutes=2)
 
 
 class Durations(msgspec.Struct, frozen=True):
@@ -46,85 +35,38 @@ class Durations(msgspec.Struct, frozen=True):
     absence_after_s: float
     expiry_after_s: float
 
+    def of(self, kind: Kind) -> timedelta:
+        """The time after which a deadline of that kind is due."""
+        seconds = self.absence_after_s if kind == "absence" else self.expiry_after_s
+        return timedelta(seconds=seconds)
 
-class Deadline(msgspec.Struct, frozen=True, kw_only=True):
-    """One deadline of one table: when it is due, and the event that set it."""
 
+class Window(msgspec.Struct, frozen=True):
+    """The moments to look at: after ``start``, up to and including ``end``."""
+
+    start: datetime
+    end: datetime
+
+
+def window(kind: Kind, scanned_to: datetime, now: datetime, durations: Durations) -> Window:
+    """The moments whose deadline of ``kind`` is due at ``now``, from a look that last reached
+    ``scanned_to`` (1970 when it never looked)."""
+    end = now - durations.of(kind) - MARGIN
+    return Window(start=min(scanned_to - LOOK_BACK, end), end=end)
+
+
+def due_at(kind: Kind, since: datetime, durations: Durations) -> datetime:
+    """When a deadline of ``kind`` whose moment is ``since`` is due."""
+    return since + durations.of(kind) + MARGIN
+
+
+class Due(msgspec.Struct, frozen=True, kw_only=True):
+    """A deadline to fire: its table, the seat (absence), its moment, the table event that
+    set it, and how often it was fired before (an expiry sent again)."""
+
+    table_id: str
     kind: Kind
-    seat: int | None  # absence: the seat whose decision it is; expiry: None
-    since: datetime  # absence: when the decision became the seat's; expiry: the last move
-    seq: int  # the table event that set ``since``
-    due_at: datetime
-
-
-class Timers(msgspec.Struct, frozen=True, kw_only=True):
-    """What the timer service keeps of one table: the last seq applied and its deadlines."""
-
-    last_seq: int = 0
-    absence: Deadline | None = None
-    expiry: Deadline | None = None
-
-    def get(self, kind: Kind) -> Deadline | None:
-        """The deadline of that kind, if any."""
-        return self.absence if kind == "absence" else self.expiry
-
-
-def after_event(timers: Timers, envelope: Envelope, durations: Durations) -> Timers | None:
-    """The table's deadlines after ``envelope``; None when its seq was applied already.
-
-    A seq past ``last_seq + 1`` (events published before this service's queue existed) is
-    applied too: each rule below needs only the event itself, the deadline it replaces and
-    at worst starts a turn's clock later than the table did, so a claim is never announced
-    early.
-    """
-    seq = envelope.seq
-    if seq <= timers.last_seq:
-        return None
-    event = envelope.data
-    if isinstance(event, (TableClosed, TableExpired)):
-        return Timers(last_seq=seq)
-    if isinstance(event, (MessagePosted, AbsenceClaimable)):  # not accepted commands
-        return msgspec.structs.replace(timers, last_seq=seq)
-    at = envelope.occurred_at
-    expiry = Deadline(
-        kind="expiry",
-        seat=None,
-        since=at,
-        seq=seq,
-        due_at=at + timedelta(seconds=durations.expiry_after_s) + MARGIN,
-    )
-    return Timers(
-        last_seq=seq,
-        absence=_absence_after(timers.absence, envelope, durations),
-        expiry=expiry,
-    )
-
-
-def _absence_after(
-    current: Deadline | None, envelope: Envelope, durations: Durations
-) -> Deadline | None:
-    event = envelope.data
-
-    def turn_of(seat: int) -> Deadline:
-        at = envelope.occurred_at
-        return Deadline(
-            kind="absence",
-            seat=seat,
-            since=at,
-            seq=envelope.seq,
-            due_at=at + timedelta(seconds=durations.absence_after_s) + MARGIN,
-        )
-
-    match event:
-        case HandStarted(dealer=dealer):
-            return turn_of(1 - dealer)
-        case UpcardPassed(seat=seat) | CardDiscarded(seat=seat):
-            return turn_of(1 - seat)
-        case UpcardTaken(seat=seat) | CardDrawn(seat=seat):
-            # Same seat, same decision: its clock runs on. Another seat means an event was
-            # missed; the turn is that seat's from now on.
-            return current if current is not None and current.seat == seat else turn_of(seat)
-        case HandEnded() | MatchEnded():
-            return None
-        case _:
-            return current
+    seat: int | None
+    since: datetime
+    seq: int
+    attempts: int = 0

@@ -1,13 +1,19 @@
 """Firing due deadlines: any number of replicas, each deadline once.
 
-A replica takes due rows with ``FOR UPDATE SKIP LOCKED`` and, in the same transaction, marks
-them fired and writes what they cause to the service's outbox; the shared relay publishes it
-with publisher confirms. So a firing is committed once (a row another replica holds is
-skipped, and a fired row is no longer due), nothing fires that is not recorded, and nothing
-recorded is left unpublished (at least once, like every outbox message; the message ids and
-the expire ``command_id`` are fixed per deadline, so a repeat is recognised). The due time
-is compared with the injected clock, never the database's, so a deadline that passed while
-every replica was down fires as soon as one is back.
+The deadlines are the table service's, saved with each change of a table (``store``). A
+replica looks for those of one kind that are due and not fired (``deadlines.window``) while
+it holds that kind's ``scans`` row, and in the same transaction records them fired, moves the
+scan on, and writes what they cause to the service's outbox; the shared relay publishes it
+with publisher confirms. So a firing is committed once (one replica looks at a kind at a
+time; a fired deadline is not looked at again), a replica killed mid-batch leaves nothing
+behind (its transaction is rolled back: the next look fires the batch), nothing fires that
+is not recorded, and nothing recorded is left unpublished (at least once, like every outbox
+message; the message ids and the expire ``command_id`` are fixed per deadline, so a repeat
+is recognised). A move saves its table's new deadlines in its own statement, so no deadline
+a move has replaced can fire, whatever a replica missed while it was down. The due time is
+compared with the injected clock, never the database's, so a deadline that passed while
+every replica was down fires as soon as one is back. There is no work per move here: the
+cost of the timers grows with the deadlines that fire, not with the moves.
 
 - absence: ``absence_claimable`` on ``gin.events``, key ``timer.<table_id>.absence_claimable``,
   once per decision. Its envelope is of the table's ``timer`` stream: ``seq`` is the next
@@ -23,10 +29,9 @@ every replica was down fires as soon as one is back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -34,8 +39,9 @@ import msgspec
 import structlog
 
 from services.timers import store
+from services.timers.deadlines import KINDS, LOOK_BACK, Due, Durations, Kind, due_at, window
 from services.timers.metrics import TimerMetrics
-from services.timers.store import Due, Fired
+from services.timers.store import Fired
 from shared.contracts.api import QueuedCommand
 from shared.contracts.commands import Expire
 from shared.contracts.envelope import Envelope
@@ -53,7 +59,7 @@ ID_NAMESPACE = uuid.UUID("0d5c4c52-5b1c-4f4e-9a51-6a3c2f0e7b10")  # absence_clai
 MAX_EXPIRY_ATTEMPTS = 8
 BUSY_PAUSE_S = 0.05  # due rows another replica holds: look again shortly
 PENDING_EVERY_S = 1.0
-CATCH_UP_MAX_S = 30.0
+FORGET_EVERY_S = 60.0
 ERROR_BACKOFF_MAX_S = 5.0
 
 OutboxRow = tuple[str, str, bytes, str]
@@ -67,18 +73,15 @@ def at(timestamp: float) -> datetime:
 def absence_claimable(due: Due, now: datetime, number: int) -> OutboxRow:
     """The outbox row announcing that the seat to act is absent (R10.2), the table's
     ``number``-th ``timer`` event."""
-    deadline = due.deadline
-    assert deadline.seat is not None
+    assert due.seat is not None
     envelope = Envelope(
-        id=uuid.uuid5(ID_NAMESPACE, f"{due.table_id}:absence:{deadline.seq}"),
+        id=uuid.uuid5(ID_NAMESPACE, f"{due.table_id}:absence:{due.seq}"),
         type="absence_claimable",
         table_id=due.table_id,
         stream="timer",
         seq=number,
         occurred_at=now,
-        data=AbsenceClaimable(
-            seat=deadline.seat, since=deadline.since.astimezone(UTC), table_seq=deadline.seq
-        ),
+        data=AbsenceClaimable(seat=due.seat, since=due.since.astimezone(UTC), table_seq=due.seq),
     )
     key = timer_key(due.table_id, "absence_claimable")
     return EVENTS_EXCHANGE, key, _json.encode(envelope), str(envelope.id)
@@ -91,7 +94,7 @@ def expire_command_id(table_id: str, seq: int) -> str:
 
 def expire_command(due: Due, prefix: str) -> OutboxRow:
     """The outbox row asking the table service to expire an idle table (R10.3)."""
-    command_id = expire_command_id(due.table_id, due.deadline.seq)
+    command_id = expire_command_id(due.table_id, due.seq)
     body = QueuedCommand(
         table_id=due.table_id, source="timer", command=Expire(command_id=command_id)
     )
@@ -108,6 +111,7 @@ class Firing:
         prefix: str,
         clock: Callable[[], float],
         metrics: TimerMetrics,
+        durations: Durations,
         *,
         batch: int = 100,
         poll_s: float = 1.0,
@@ -117,117 +121,144 @@ class Firing:
         self.prefix = prefix
         self.clock = clock
         self.metrics = metrics
+        self.durations = durations
         self.batch = batch
         self.poll_s = poll_s
         self.retry_s = retry_s
-        self.woken = asyncio.Event()
         self.pending_counted_at = -PENDING_EVERY_S
+        self.forgot_at = -FORGET_EVERY_S
 
-    def wake(self) -> None:
-        """Look again now: a deadline changed, maybe to an earlier time."""
-        self.woken.set()
-
-    async def run(self, catch_up: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Fire due deadlines until cancelled; survive database outages.
-
-        ``catch_up`` returns once the events queued while no replica ran are applied: this
-        replica starts firing then (or after ``CATCH_UP_MAX_S`` at most).
-        """
-        if catch_up is not None:
-            await self._wait_for(catch_up)
+    async def run(self) -> None:
+        """Fire due deadlines until cancelled; survive database outages (and a table schema
+        not made yet: the table service's migrations may run after this one's)."""
+        log.info("timer_firing_started")
         backoff = 0.1
         while True:
-            self.woken.clear()
             try:
                 pause = await self.step()
                 backoff = 0.1
             except Exception as exc:
                 log.warning("timer_firing_failed", error=repr(exc), retry_in_s=backoff)
                 pause, backoff = backoff, min(backoff * 2, ERROR_BACKOFF_MAX_S)
-            if pause > 0:  # asyncio.timeout: 3.11's wait_for can drop a cancellation
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(pause):
-                        await self.woken.wait()
-
-    async def _wait_for(self, catch_up: Callable[[], Awaitable[None]]) -> None:
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(CATCH_UP_MAX_S):
-                await catch_up()
-        except Exception as exc:  # fire anyway: late is worse than a stale announcement
-            log.warning("timer_catch_up_incomplete", error=repr(exc))
-        log.info("timer_firing_started", catch_up_s=round(time.monotonic() - started, 3))
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     async def step(self) -> float:
-        """Fire one batch; how long to wait before the next."""
-        fired = await self.fire_due()
+        """Fire one batch of each kind and of resends; how long to wait before the next."""
+        fired, busy = 0, False
+        for kind in KINDS:
+            count = await self.fire_due(kind)
+            busy = busy or count is None
+            fired = max(fired, count or 0)
+        fired = max(fired, await self.resend_due())
         await self._count_pending()
+        await self._forget()
         if fired >= self.batch:
             return 0.0
-        async with self.pool.acquire() as conn:
-            next_at = await store.next_due(conn)
-        if next_at is None:
-            return self.poll_s
-        until = (next_at - at(self.clock())).total_seconds()
-        if until <= 0:  # due, yet not taken: another replica holds it
+        if busy:  # another replica is looking: look again shortly
             return min(self.poll_s, BUSY_PAUSE_S)
-        return min(self.poll_s, until)
+        until = await self._until_next()
+        return self.poll_s if until is None else max(0.0, min(self.poll_s, until))
 
-    async def fire_due(self) -> int:
-        """Take the deadlines due now (skipping those another replica holds) and fire them,
-        in one transaction; how many fired."""
+    async def fire_due(self, kind: Kind) -> int | None:
+        """Fire the deadlines of ``kind`` due now and not fired, a batch in one transaction;
+        how many (None: another replica is looking at that kind)."""
         now = at(self.clock())
         async with self.pool.acquire() as conn, conn.transaction():
-            taken = await store.take_due(conn, now, self.batch)
-            if not taken:
-                return 0
-            await outbox.add_many(conn, [await self._message(conn, due, now) for due in taken])
-            await store.mark_fired(conn, [self._fired(due, now) for due in taken], now)
-        for due in taken:
-            self._report(due, now)
+            scanned_to = await store.lock_scan(conn, kind)
+            if scanned_to is None:
+                return None
+            look = window(kind, scanned_to, now, self.durations)
+            taken = await store.due_in(conn, kind, look, self.batch)
+            await self._fire(conn, taken, now)
+            reached = taken[-1].since if len(taken) >= self.batch else look.end
+            await store.set_scanned(conn, kind, reached)
+        self._report(taken, now)
         return len(taken)
 
+    async def resend_due(self) -> int:
+        """Send again the expiries due for it, in one transaction; how many."""
+        now = at(self.clock())
+        async with self.pool.acquire() as conn, conn.transaction():
+            taken = await store.take_resends(conn, now, self.batch)
+            await self._fire(conn, taken, now)
+        self._report(taken, now)
+        return len(taken)
+
+    async def _fire(self, conn: Conn, taken: list[Due], now: datetime) -> None:
+        if not taken:
+            return
+        await outbox.add_many(conn, [await self._message(conn, due, now) for due in taken])
+        await store.record_fired(conn, [self._fired(due, now) for due in taken])
+
     async def _message(self, conn: Conn, due: Due, now: datetime) -> OutboxRow:
-        if due.deadline.kind == "absence":
+        if due.kind == "absence":
             return absence_claimable(due, now, await store.next_announcement(conn, due.table_id))
         return expire_command(due, self.prefix)
 
     def _fired(self, due: Due, now: datetime) -> Fired:
-        kind = due.deadline.kind
         again: datetime | None = None
-        if kind == "expiry" and due.attempts + 1 < MAX_EXPIRY_ATTEMPTS:
+        if due.kind == "expiry" and due.attempts + 1 < MAX_EXPIRY_ATTEMPTS:
             again = now + timedelta(seconds=self.retry_s * 2**due.attempts)
-        return Fired(table_id=due.table_id, kind=kind, next_at=again)
+        return Fired(due=due, fired_at=now, next_at=again)
 
-    def _report(self, due: Due, now: datetime) -> None:
-        deadline = due.deadline
-        lag = (now - deadline.due_at).total_seconds()
-        if due.attempts == 0:
-            self.metrics.fired.labels(deadline.kind).inc()
-            self.metrics.lag.labels(deadline.kind).observe(lag)
-        else:
-            self.metrics.resent.inc()
-        log.info(
-            "deadline_fired",
-            table_id=due.table_id,
-            kind=deadline.kind,
-            seat=deadline.seat,
-            seq=deadline.seq,
-            due_at=deadline.due_at.isoformat(),
-            lag_s=round(lag, 3),
-            attempt=due.attempts + 1,
-            command_id=(
-                expire_command_id(due.table_id, deadline.seq) if deadline.kind == "expiry" else None
-            ),
-        )
-        if deadline.kind == "expiry" and due.attempts + 1 >= MAX_EXPIRY_ATTEMPTS:
-            log.warning("expiry_unanswered", table_id=due.table_id, attempts=due.attempts + 1)
+    async def _until_next(self) -> float | None:
+        """Seconds until the next deadline or resend is due (None: none known)."""
+        now = at(self.clock())
+        moments: list[datetime] = []
+        async with self.pool.acquire() as conn:
+            for kind in KINDS:
+                end = window(kind, now, now, self.durations).end
+                moment = await store.next_moment(conn, kind, end)
+                if moment is not None:
+                    moments.append(due_at(kind, moment, self.durations))
+            resend = await store.next_resend(conn)
+        if resend is not None:
+            moments.append(resend)
+        return None if not moments else (min(moments) - now).total_seconds()
+
+    def _report(self, taken: list[Due], now: datetime) -> None:
+        for due in taken:
+            lag = (now - due_at(due.kind, due.since, self.durations)).total_seconds()
+            if due.attempts == 0:
+                self.metrics.fired.labels(due.kind).inc()
+                self.metrics.lag.labels(due.kind).observe(lag)
+            else:
+                self.metrics.resent.inc()
+            log.info(
+                "deadline_fired",
+                table_id=due.table_id,
+                kind=due.kind,
+                seat=due.seat,
+                seq=due.seq,
+                since=due.since.isoformat(),
+                lag_s=round(lag, 3),
+                attempt=due.attempts + 1,
+                command_id=(
+                    expire_command_id(due.table_id, due.seq) if due.kind == "expiry" else None
+                ),
+            )
+            if due.kind == "expiry" and due.attempts + 1 >= MAX_EXPIRY_ATTEMPTS:
+                log.warning("expiry_unanswered", table_id=due.table_id, attempts=due.attempts + 1)
 
     async def _count_pending(self) -> None:
+        """The deadlines due and not fired yet, at most once a second."""
         if time.monotonic() - self.pending_counted_at < PENDING_EVERY_S:
             return
         self.pending_counted_at = time.monotonic()
+        now = at(self.clock())
         async with self.pool.acquire() as conn:
-            counts = await store.pending(conn)
-        for kind, n in counts.items():
-            self.metrics.pending.labels(kind).set(n)
+            reached = await store.scanned(conn)
+            for kind in KINDS:
+                look = window(kind, reached[kind], now, self.durations)
+                self.metrics.pending.labels(kind).set(await store.count_due(conn, kind, look))
+
+    async def _forget(self) -> None:
+        """Drop, once a minute, the firings no look will reach again."""
+        if time.monotonic() - self.forgot_at < FORGET_EVERY_S:
+            return
+        self.forgot_at = time.monotonic()
+        async with self.pool.acquire() as conn:
+            reached = await store.scanned(conn)
+            for kind in KINDS:
+                await store.forget(conn, kind, reached[kind] - LOOK_BACK)

@@ -10,12 +10,12 @@ LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.
 
 
 class TimerMetrics:
-    """Deadlines pending and fired, the lag from due to fired, and the events consumed."""
+    """Deadlines due and not fired yet, fired, and the lag from due to fired."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.pending = Gauge(
             "gin_timer_deadlines_pending",
-            "Deadlines not fired yet, when this replica last counted",
+            "Deadlines due and not fired yet, when this replica last counted",
             ["kind"],
             registry=registry,
         )
@@ -37,15 +37,7 @@ class TimerMetrics:
             buckets=LAG_BUCKETS,
             registry=registry,
         )
-        self.events = Counter(
-            "gin_timer_events",
-            "Table events consumed, by outcome (applied, duplicate, rejected)",
-            ["outcome"],
-            registry=registry,
-        )
         for kind in KINDS:  # every series exists from the start, at 0
             self.pending.labels(kind)
             self.fired.labels(kind)
             self.lag.labels(kind)
-        for outcome in ("applied", "duplicate", "rejected"):
-            self.events.labels(outcome)

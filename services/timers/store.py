@@ -1,139 +1,179 @@
-"""The timer service's SQL: one function per job, each on the caller's connection."""
+"""The timer service's SQL: one function per job, each on the caller's connection.
+
+The deadlines themselves are the table service's (``TIMER_DEADLINES``, a view of the
+``gin_table.deadlines`` rows its every change writes: services/table/deadlines.py); this
+service may read that view and nothing else of the table's schema. Its own tables keep what
+it fired (``fired``) and how far it has looked (``scans``).
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-import asyncpg
 import msgspec
 
-from services.timers.deadlines import KINDS, Deadline, Kind, Timers
+from services.timers.deadlines import KINDS, Due, Kind, Window
 from shared.infra.db import Conn
 
-
-class Due(msgspec.Struct, frozen=True, kw_only=True):
-    """A deadline taken for firing: its table, and how often it was fired before."""
-
-    table_id: str
-    deadline: Deadline
-    attempts: int
+# The table service's view of its tables' deadlines (services/table/migrations/009).
+TIMER_DEADLINES = "gin_table.timer_deadlines"
+# A replica that stops answering (paused, cut off) inside a firing transaction would hold its
+# locks, and so every other replica's looks, for as long as its connection lives: PostgreSQL
+# ends such a transaction after this long idle (a batch's statements take milliseconds).
+HOLD_MS = 15_000
+_HOLD = f"SELECT set_config('idle_in_transaction_session_timeout', '{HOLD_MS}', true)"
 
 
 class Fired(msgspec.Struct, frozen=True, kw_only=True):
     """A deadline just fired, and when to fire it again (None: never)."""
 
-    table_id: str
-    kind: Kind
+    due: Due
+    fired_at: datetime
     next_at: datetime | None
 
 
-_DEADLINE_COLUMNS = "kind, seat, since, seq, due_at"
-
-
-def _deadline(record: asyncpg.Record) -> Deadline:
-    return Deadline(
-        kind=record["kind"],
-        seat=record["seat"],
-        since=record["since"],
-        seq=record["seq"],
-        due_at=record["due_at"],
-    )
-
-
-async def lock_table(conn: Conn, table_id: str) -> Timers:
-    """The table's timers, its row locked until the caller's transaction ends (made if new)."""
-    lock = "SELECT last_seq FROM tables WHERE table_id = $1 FOR UPDATE"
-    last_seq = await conn.fetchval(lock, table_id)
-    if last_seq is None:  # the table's first event here
-        await conn.execute(
-            "INSERT INTO tables (table_id, last_seq) VALUES ($1, 0) ON CONFLICT DO NOTHING",
-            table_id,
-        )
-        last_seq = await conn.fetchval(lock, table_id)
-    rows = await conn.fetch(
-        f"SELECT {_DEADLINE_COLUMNS} FROM deadlines WHERE table_id = $1", table_id
-    )
-    found = {row["kind"]: _deadline(row) for row in rows}
-    return Timers(last_seq=last_seq, absence=found.get("absence"), expiry=found.get("expiry"))
-
-
-async def save_table(conn: Conn, table_id: str, before: Timers, after: Timers) -> list[Kind]:
-    """Store the table's new timers; the kinds whose deadline was set anew.
-
-    A deadline that did not change keeps its firing state (an absence announced once is not
-    announced again because the absent seat drew a card); a new one is pending again.
-    """
-    await conn.execute(
-        "UPDATE tables SET last_seq = $2, updated_at = now() WHERE table_id = $1",
-        table_id,
-        after.last_seq,
-    )
-    changed: list[Kind] = []
-    for kind in KINDS:
-        old, new = before.get(kind), after.get(kind)
-        if new == old:
-            continue
-        if new is None:
-            await conn.execute(
-                "DELETE FROM deadlines WHERE table_id = $1 AND kind = $2", table_id, kind
-            )
-            continue
-        await conn.execute(
-            f"INSERT INTO deadlines (table_id, {_DEADLINE_COLUMNS}, next_at)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $6)"
-            " ON CONFLICT (table_id, kind) DO UPDATE SET seat = $3, since = $4, seq = $5,"
-            " due_at = $6, next_at = $6, fired_at = NULL, attempts = 0",
-            table_id,
-            kind,
-            new.seat,
-            new.since,
-            new.seq,
-            new.due_at,
-        )
-        changed.append(kind)
-    return changed
-
-
-async def take_due(conn: Conn, now: datetime, limit: int) -> list[Due]:
-    """Deadlines to fire now, locked for the caller's transaction; rows another replica holds
-    are skipped, so no two replicas take the same one."""
-    rows = await conn.fetch(
-        f"SELECT table_id, {_DEADLINE_COLUMNS}, attempts FROM deadlines"
-        " WHERE next_at <= $1 ORDER BY next_at LIMIT $2 FOR UPDATE SKIP LOCKED",
-        now,
-        limit,
-    )
-    return [
-        Due(table_id=row["table_id"], deadline=_deadline(row), attempts=row["attempts"])
-        for row in rows
-    ]
-
-
-async def mark_fired(conn: Conn, fired: list[Fired], now: datetime) -> None:
-    """Record the firing of deadlines taken by ``take_due`` in this transaction."""
-    await conn.executemany(
-        "UPDATE deadlines SET fired_at = coalesce(fired_at, $3), attempts = attempts + 1,"
-        " next_at = $4 WHERE table_id = $1 AND kind = $2",
-        [(f.table_id, f.kind, now, f.next_at) for f in fired],
-    )
-
-
-async def next_due(conn: Conn) -> datetime | None:
-    """When the earliest deadline left to fire is due."""
+async def lock_scan(conn: Conn, kind: Kind) -> datetime | None:
+    """How far deadlines of ``kind`` were looked at, locked for the caller's transaction;
+    None while another replica holds it (it is looking now)."""
+    await conn.execute(_HOLD)
     value: datetime | None = await conn.fetchval(
-        "SELECT next_at FROM deadlines WHERE next_at IS NOT NULL ORDER BY next_at LIMIT 1"
+        "SELECT scanned_to FROM scans WHERE kind = $1 FOR UPDATE SKIP LOCKED", kind
     )
     return value
 
 
-async def pending(conn: Conn) -> dict[Kind, int]:
-    """How many deadlines of each kind have not fired yet."""
-    rows = await conn.fetch(
-        "SELECT kind, count(*) AS n FROM deadlines WHERE fired_at IS NULL GROUP BY kind"
+async def set_scanned(conn: Conn, kind: Kind, to: datetime) -> None:
+    """Record that deadlines of ``kind`` up to the moment ``to`` were looked at."""
+    await conn.execute(
+        "UPDATE scans SET scanned_to = greatest(scanned_to, $2) WHERE kind = $1", kind, to
     )
-    counts: dict[Kind, int] = dict.fromkeys(KINDS, 0)
-    counts.update({row["kind"]: row["n"] for row in rows})
-    return counts
+
+
+def _columns(kind: Kind) -> str:
+    """The view's columns of one kind as (seat, since, seq)."""
+    if kind == "absence":
+        return "d.absence_seat AS seat, d.absence_since AS since, d.absence_seq AS seq"
+    return "NULL::smallint AS seat, d.expiry_since AS since, d.expiry_seq AS seq"
+
+
+async def due_in(conn: Conn, kind: Kind, look: Window, limit: int) -> list[Due]:
+    """Up to ``limit`` deadlines of ``kind`` whose moment is in ``look`` and that were not
+    fired, oldest first."""
+    rows = await conn.fetch(
+        f"SELECT d.table_id, {_columns(kind)} FROM {TIMER_DEADLINES} d"
+        f" WHERE d.{kind}_since > $1 AND d.{kind}_since <= $2"
+        " AND NOT EXISTS (SELECT FROM fired f WHERE f.table_id = d.table_id"
+        f"  AND f.kind = $3 AND f.seq >= d.{kind}_seq)"
+        f" ORDER BY d.{kind}_since LIMIT $4",
+        look.start,
+        look.end,
+        kind,
+        limit,
+    )
+    return [
+        Due(table_id=r["table_id"], kind=kind, seat=r["seat"], since=r["since"], seq=r["seq"])
+        for r in rows
+    ]
+
+
+async def count_due(conn: Conn, kind: Kind, look: Window) -> int:
+    """How many deadlines of ``kind`` are due in ``look`` and not fired."""
+    count: int = await conn.fetchval(
+        f"SELECT count(*) FROM {TIMER_DEADLINES} d"
+        f" WHERE d.{kind}_since > $1 AND d.{kind}_since <= $2"
+        " AND NOT EXISTS (SELECT FROM fired f WHERE f.table_id = d.table_id"
+        f"  AND f.kind = $3 AND f.seq >= d.{kind}_seq)",
+        look.start,
+        look.end,
+        kind,
+    )
+    return count
+
+
+async def next_moment(conn: Conn, kind: Kind, after: datetime) -> datetime | None:
+    """The earliest moment of a deadline of ``kind`` after ``after`` (not due yet)."""
+    value: datetime | None = await conn.fetchval(
+        f"SELECT min({kind}_since) FROM {TIMER_DEADLINES} WHERE {kind}_since > $1", after
+    )
+    return value
+
+
+async def take_resends(conn: Conn, now: datetime, limit: int) -> list[Due]:
+    """Expiries fired before, due to be sent again and still the table's, locked for the
+    caller's transaction (rows another replica holds are skipped). An expiry the table has
+    since replaced (a move) or reported (closed) is sent no more."""
+    await conn.execute(_HOLD)
+    await conn.execute(
+        "UPDATE fired f SET next_at = NULL WHERE f.kind = 'expiry' AND f.next_at <= $1"
+        f" AND NOT EXISTS (SELECT FROM {TIMER_DEADLINES} d"
+        "  WHERE d.table_id = f.table_id AND d.expiry_seq = f.seq)",
+        now,
+    )
+    rows = await conn.fetch(
+        "SELECT f.table_id, f.since, f.seq, f.attempts FROM fired f"
+        " WHERE f.kind = 'expiry' AND f.next_at <= $1 ORDER BY f.next_at LIMIT $2"
+        " FOR UPDATE SKIP LOCKED",
+        now,
+        limit,
+    )
+    return [
+        Due(
+            table_id=r["table_id"],
+            kind="expiry",
+            seat=None,
+            since=r["since"],
+            seq=r["seq"],
+            attempts=r["attempts"],
+        )
+        for r in rows
+    ]
+
+
+async def record_fired(conn: Conn, fired: list[Fired]) -> None:
+    """Record firings in the caller's transaction: each table's last of each kind."""
+    await conn.executemany(
+        "INSERT INTO fired (table_id, kind, seq, since, fired_at, attempts, next_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+        " ON CONFLICT (table_id, kind) DO UPDATE SET seq = $3, since = $4,"
+        " fired_at = CASE WHEN fired.seq = $3 THEN fired.fired_at ELSE $5 END,"
+        " attempts = $6, next_at = $7",
+        [
+            (
+                f.due.table_id,
+                f.due.kind,
+                f.due.seq,
+                f.due.since,
+                f.fired_at,
+                f.due.attempts + 1,
+                f.next_at,
+            )
+            for f in fired
+        ],
+    )
+
+
+async def forget(conn: Conn, kind: Kind, before: datetime) -> int:
+    """Drop the firings of ``kind`` whose moment no look reaches any more (nor will: looks
+    only move forward), and that are not to be sent again; how many."""
+    status: str = await conn.execute(
+        "DELETE FROM fired WHERE kind = $1 AND next_at IS NULL AND since < $2", kind, before
+    )
+    return int(status.rpartition(" ")[2])
+
+
+async def next_resend(conn: Conn) -> datetime | None:
+    """When the earliest expiry is to be sent again."""
+    value: datetime | None = await conn.fetchval(
+        "SELECT min(next_at) FROM fired WHERE next_at IS NOT NULL"
+    )
+    return value
+
+
+async def scanned(conn: Conn) -> dict[Kind, datetime]:
+    """How far each kind was looked at (no lock)."""
+    rows = await conn.fetch("SELECT kind, scanned_to FROM scans")
+    found = {row["kind"]: row["scanned_to"] for row in rows}
+    return {kind: found[kind] for kind in KINDS}
 
 
 async def next_announcement(conn: Conn, table_id: str) -> int:

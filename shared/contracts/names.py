@@ -38,8 +38,10 @@ def bot_key(level: str) -> str:
 
 
 DEAD_LETTER = "gin.dead"
-# The chat's and the timers' own queues of table events (declared by those services).
+# The chat's own queue of table events (declared by the chat service).
 CHAT_QUEUE = "gin.chat"
+# The timers' former queue of table events (before issue 29): no longer declared; deleted with
+# a run's topology, and once by the upgrade (deploy/README.md).
 TIMERS_QUEUE = "gin.timers"
 
 

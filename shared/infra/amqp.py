@@ -237,8 +237,8 @@ async def declare_topology(
 
 
 async def delete_topology(channel: AbstractChannel, prefix: str) -> None:
-    """Remove what ``declare_topology`` made, and the chat's and the timers' queues, which
-    those services declare (test runs clean up their prefix: a queue left behind keeps its
+    """Remove what ``declare_topology`` made, the chat's queue, which that service declares,
+    and the timers' former one (test runs clean up their prefix: a queue left behind keeps its
     messages on the broker for good)."""
     queues = [
         COMMANDS_QUEUE,

@@ -636,7 +636,6 @@ def _permissions(objs: tuple[Obj, ...]) -> dict[str, dict[str, str]]:
 def _needs(service: str) -> set[tuple[str, str]]:
     """(permission, resource) for everything a service does on the broker, per its code."""
     from services.chat.consumer import CHAT_QUEUE
-    from services.timers.consumer import TIMERS_QUEUE
 
     topology = declared_topology(service)
     needs = {("configure", n) for n in [*topology.exchanges, *topology.queues]}
@@ -645,12 +644,12 @@ def _needs(service: str) -> set[tuple[str, str]]:
     for arguments in topology.queues.values():  # declaring a queue that dead-letters
         if "x-dead-letter-exchange" in arguments:
             needs.add(("write", arguments["x-dead-letter-exchange"]))
-    own = {"table": f"{SOCKETS_EXCHANGE}.{'0' * 32}", "chat": CHAT_QUEUE, "timers": TIMERS_QUEUE}
+    own = {"table": f"{SOCKETS_EXCHANGE}.{'0' * 32}", "chat": CHAT_QUEUE}
     if service in own:  # its own queue of table events: declare, bind, consume
         queue = own[service]
         needs |= {(what, queue) for what in ("configure", "write", "read")}
         needs.add(("read", EVENTS_EXCHANGE))
-    if service in ("chat", "timers"):  # their queues dead-letter to gin.dead
+    if service == "chat":  # its queue dead-letters to gin.dead
         needs.add(("write", DEAD_LETTER))
     if service == "table":  # the replicas' queues also get the relay's batches
         needs |= {("read", SOCKETS_EXCHANGE)}
@@ -680,7 +679,7 @@ def test_each_broker_user_may_do_what_its_service_does() -> None:
 def test_each_user_may_do_only_what_its_service_does() -> None:
     """Nothing granted beyond what the code needs, on every name the topology has."""
     from services.chat.consumer import CHAT_QUEUE
-    from services.timers.consumer import TIMERS_QUEUE
+    from shared.contracts.names import TIMERS_QUEUE  # the timers' former queue: nobody's now
 
     permissions = _permissions(rendered("prod"))
     topology = declared_topology()

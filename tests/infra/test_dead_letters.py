@@ -30,7 +30,6 @@ from prometheus_client import CollectorRegistry
 
 from services.chat import consumer as chat_consumer
 from services.table.consumer import decode_command
-from services.timers import consumer as timers_consumer
 from shared.contracts.compat import decode_bot_turn
 from shared.contracts.names import (
     BOTS_EXCHANGE,
@@ -107,18 +106,15 @@ async def test_gin_dead_is_quorum_and_work_queues_dead_letter_at_least_once(
                 assert f"inequivalent arg '{argument}'" in refused, (name, refused)
 
 
-async def test_the_chat_and_timers_queues_dead_letter_at_least_once_too(
+async def test_the_chat_queue_dead_letters_at_least_once_too(
     settings: Settings, prefix: str
 ) -> None:
-    """The chat's and the timers' queues, which their services declare, dead-letter to
-    gin.dead as the others do: the broker refuses them declared without the strategy."""
+    """The chat's queue, which its service declares, dead-letters to gin.dead as the others
+    do: the broker refuses it declared without the strategy."""
     connection = await aio_pika.connect(settings.amqp_url)
     async with connection:
         channel = await connection.channel()
-        declared = [
-            await chat_consumer.declare_queue(channel, prefix),
-            await timers_consumer.declare_queue(channel, prefix),
-        ]
+        declared = [await chat_consumer.declare_queue(channel, prefix)]
         for queue in declared:
             arguments = dict(queue.arguments or {})
             assert arguments["x-dead-letter-exchange"] == prefix + DEAD_LETTER
@@ -128,8 +124,6 @@ async def test_the_chat_and_timers_queues_dead_letter_at_least_once_too(
                 connection, queue.name, without(arguments, "x-dead-letter-strategy")
             )
             assert "inequivalent arg 'x-dead-letter-strategy'" in refused, queue.name
-        assert declared[1].arguments is not None
-        assert declared[1].arguments["x-single-active-consumer"] is True
 
 
 async def dead_letters(

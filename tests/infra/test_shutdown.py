@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from services.timers.deadlines import Durations
 from services.timers.firing import Firing
 from services.timers.metrics import TimerMetrics
 from shared.infra import db, service
@@ -119,11 +120,13 @@ async def test_a_pool_whose_connections_come_back_closes_quietly(settings: Setti
     assert await backend_gone(settings, pid)
 
 
-async def test_the_timers_firing_woken_as_it_is_cancelled_still_stops() -> None:
-    """The timer service's firing loop waited as the relay did (3.11's wait_for, which drops a
-    cancellation that comes in the turn of a wake-up): cancelled as a deadline changes, it
-    stops."""
-    firing = Firing(None, "test.", time.time, TimerMetrics(CollectorRegistry()))  # type: ignore[arg-type]
+async def test_the_timers_firing_cancelled_as_it_waits_stops() -> None:
+    """The timer service's firing loop once waited as the relay did (3.11's wait_for, which
+    drops a cancellation that comes in the turn of a wake-up): cancelled as it waits for its
+    next look, it stops."""
+    durations = Durations(absence_after_s=48 * 3600.0, expiry_after_s=7 * 86400.0)
+    metrics = TimerMetrics(CollectorRegistry())
+    firing = Firing(None, "test.", time.time, metrics, durations)  # type: ignore[arg-type]
 
     async def nothing_due() -> float:
         return 60.0
@@ -131,5 +134,5 @@ async def test_the_timers_firing_woken_as_it_is_cancelled_still_stops() -> None:
     firing.step = nothing_due  # type: ignore[method-assign]
     task = asyncio.create_task(firing.run())
     await asyncio.sleep(0.05)  # waiting for a wake-up
-    stopped = await stops_when_cancelled(task, just_before=firing.wake)
+    stopped = await stops_when_cancelled(task, just_before=lambda: None)
     assert stopped, "the firing loop went on after its cancellation"

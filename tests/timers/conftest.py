@@ -1,8 +1,8 @@
 """The real timer service (and the real table service) against this run's servers.
 
-Every test of a server (``clean_timers``) starts from an empty ``gin_timers`` schema and an
-empty, bound timer queue, so the deadlines of one test never fire in another (they share the
-run's database and prefix).
+Every test of a server (``clean_timers``) starts from an empty ``gin_timers`` schema, and with
+the deadlines of tables made before it cleared, so the deadlines of one test never fire in
+another (they share the run's database and prefix).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import aiohttp
 import asyncpg
 import msgspec
@@ -29,10 +29,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.table.app import migrate as migrate_table
 from services.timers.app import create_app, migrate
-from services.timers.consumer import TABLE_EVENTS, TIMERS_QUEUE, declare_queue
-from shared.contracts.names import COMMANDS_EXCHANGE, EVENTS_EXCHANGE
-from shared.infra import amqp
+from services.timers.store import TIMER_DEADLINES
+from shared.contracts.names import COMMANDS_EXCHANGE
 from shared.infra.settings import Settings
 from tests.serving import ProductionServer
 from tests.table.conftest import Api
@@ -48,35 +48,50 @@ def timing(settings: Settings, absence_s: float, expiry_s: float, **more: Any) -
     )
 
 
-@pytest.fixture(scope="session")
-def _timer_queue_removed(settings: Settings) -> Iterator[None]:
-    """Delete the run's timer queue at the end (the session cleanup knows only its own)."""
-    yield
-
-    async def delete() -> None:
-        connection = await aio_pika.connect(settings.amqp_url)
-        async with connection:
-            await (await connection.channel()).queue_delete(settings.prefix + TIMERS_QUEUE)
-
-    asyncio.run(delete())
-
-
 @pytest.fixture
-async def clean_timers(settings: Settings, _timer_queue_removed: None) -> None:
-    """An empty timer schema and an empty timer queue, bound before any table event."""
+async def clean_timers(settings: Settings) -> None:
+    """An empty timer schema, and no deadline of an earlier test's table left to fire."""
+    await migrate_table(settings)
     await migrate(settings)
     conn = await asyncpg.connect(settings.database_url)
     try:
-        await conn.execute("TRUNCATE gin_timers.deadlines, gin_timers.tables, gin_timers.outbox")
+        await conn.execute(
+            "TRUNCATE gin_timers.fired, gin_timers.announcements, gin_timers.outbox;"
+            " UPDATE gin_timers.scans SET scanned_to = 'epoch';"
+            " UPDATE gin_table.deadlines SET absence_seat = NULL, absence_since = NULL,"
+            " absence_seq = NULL, expiry_since = NULL, expiry_seq = NULL, backfill = false"
+            " WHERE expiry_since IS NOT NULL OR backfill"
+        )
     finally:
         await conn.close()
-    connection = await aio_pika.connect(settings.amqp_url)
-    async with connection:
-        channel = await connection.channel()
-        exchanges = await amqp.declare_topology(channel, settings.prefix)
-        queue = await declare_queue(channel, settings.prefix)
-        await queue.bind(exchanges[EVENTS_EXCHANGE], TABLE_EVENTS)
-        await queue.purge()
+
+
+Row = tuple[str, int | None, datetime | None, int | None, datetime | None, int | None]
+
+
+@pytest.fixture
+async def synthetic(settings: Settings) -> AsyncIterator[str]:
+    """A prefix for table ids whose deadlines a test writes straight into
+    ``gin_table.deadlines`` (no such table exists); their rows are deleted afterwards."""
+    prefix = f"syn-{uuid.uuid4().hex[:8]}-"
+    yield prefix
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute("DELETE FROM gin_table.deadlines WHERE table_id LIKE $1", prefix + "%")
+    finally:
+        await conn.close()
+
+
+async def put_deadlines(conn: asyncpg.Connection, rows: list[Row]) -> None:
+    """Write deadlines as the table service's save does: (table_id, absence_seat,
+    absence_since, absence_seq, expiry_since, expiry_seq) per row."""
+    await conn.executemany(
+        "INSERT INTO gin_table.deadlines AS d (table_id, absence_seat, absence_since,"
+        " absence_seq, expiry_since, expiry_seq) VALUES ($1, $2, $3, $4, $5, $6)"
+        " ON CONFLICT (table_id) DO UPDATE SET absence_seat = $2, absence_since = $3,"
+        " absence_seq = $4, expiry_since = $5, expiry_seq = $6, backfill = false",
+        rows,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -100,27 +115,32 @@ async def tdb(settings: Settings) -> AsyncIterator[TimerDb]:
 
 
 class TimerDb:
-    """Reads of the timer service's own schema, for assertions."""
+    """Reads of the timer service's own schema and of the deadlines it reads, for assertions."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
 
-    async def deadlines(self, table_id: str) -> dict[str, asyncpg.Record]:
-        rows = await self.conn.fetch("SELECT * FROM deadlines WHERE table_id = $1", table_id)
-        return {row["kind"]: row for row in rows}
-
-    async def last_seq(self, table_id: str) -> int | None:
-        value: int | None = await self.conn.fetchval(
-            "SELECT last_seq FROM tables WHERE table_id = $1", table_id
+    async def deadlines(self, table_id: str) -> dict[str, dict[str, Any]]:
+        """The table's deadlines as the timer service reads them: {kind: {seat, since, seq}}."""
+        row = await self.conn.fetchrow(
+            f"SELECT * FROM {TIMER_DEADLINES} WHERE table_id = $1", table_id
         )
-        return value
+        if row is None:
+            return {}
+        found = {}
+        for kind in ("absence", "expiry"):
+            if row[f"{kind}_since"] is not None:
+                found[kind] = {
+                    "seat": row["absence_seat"] if kind == "absence" else None,
+                    "since": row[f"{kind}_since"],
+                    "seq": row[f"{kind}_seq"],
+                }
+        return found
 
-    async def until_applied(self, table_id: str, seq: int, within_s: float = 10.0) -> None:
-        """Wait until the timer service has applied the table's events up to ``seq``."""
-        deadline = time.monotonic() + within_s
-        while (await self.last_seq(table_id) or 0) < seq:
-            assert time.monotonic() < deadline, f"seq {seq} of {table_id} not applied"
-            await asyncio.sleep(0.02)
+    async def fired(self, table_id: str) -> dict[str, asyncpg.Record]:
+        """What the timer service fired of the table's deadlines, by kind."""
+        rows = await self.conn.fetch("SELECT * FROM fired WHERE table_id = $1", table_id)
+        return {row["kind"]: row for row in rows}
 
     async def expire_commands(self, table_id: str) -> list[dict[str, Any]]:
         """The expire commands the service sent for a table (its outbox rows)."""
@@ -187,6 +207,7 @@ class TimerProcess:
             "GIN_ABSENCE_AFTER_S": str(s.absence_after_s),
             "GIN_EXPIRY_AFTER_S": str(s.expiry_after_s),
             "GIN_TIMER_POLL_S": str(s.timer_poll_s),
+            "GIN_TIMER_BATCH": str(s.timer_batch),
             "GIN_RELAY_POLL_S": str(s.relay_poll_s),
             "GIN_LOG_FORMAT": "json",
             "GIN_LOG_LEVEL": "info",
@@ -225,6 +246,12 @@ class TimerProcess:
             self.proc.kill()
             await self.proc.wait()
             raise
+
+    async def kill(self) -> int:
+        """SIGKILL: no shutdown of any kind (its open transaction is left to the database)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        return await asyncio.wait_for(self.proc.wait(), 15)
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
