@@ -30,7 +30,7 @@ async def test_r10_2_r10_3_each_change_saves_whose_decision_since_when_and_the_l
     waiting = (await api.create(creator))["table_id"]
     row = await deadlines(db, waiting)  # nobody joined: only the expiry runs
     created = await all_events(api, waiting)
-    assert row["absence_seat"] is None and row["absence_since"] is None
+    assert (row["absence_seat"], row["absence_since"]) == (None, None)
     assert (row["expiry_since"], row["expiry_seq"]) == (
         at(created[-1]["occurred_at"]),
         created[-1]["seq"],
@@ -82,14 +82,14 @@ async def test_r10_2_r10_3_each_change_saves_whose_decision_since_when_and_the_l
     status, body = await api.command(table_id, tokens[n], type="resign")
     assert status == 200, body
     row = await deadlines(db, table_id)
-    assert row["absence_seat"] is None and row["absence_since"] is None
+    assert (row["absence_seat"], row["absence_since"]) == (None, None)
     assert row["expiry_seq"] == body["events"][-1]["seq"]
 
     # Leaving after the match closes the table: nothing left to fire.
     status, body = await api.command(table_id, tokens[n], type="leave")
     assert status == 200, body
     row = await deadlines(db, table_id)
-    assert row["expiry_since"] is None and row["absence_since"] is None
+    assert (row["expiry_since"], row["absence_since"]) == (None, None)
 
 
 async def test_a_table_open_before_migration_009_gets_its_deadlines_from_its_state(
