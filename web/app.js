@@ -213,7 +213,7 @@ let firstSnapshot = true;
 async function onSnapshot(view) {
   S.snapshots += 1;
   const missedAfter = S.lastSeq;
-  applyView(view, true);
+  applyView(view);
   try {
     const missed = await eventsAfter(S.table, missedAfter);
     for (const envelope of missed) handleEvent(envelope, null, firstSnapshot);
@@ -238,9 +238,14 @@ function connectionState(state) {
   conn.textContent = state === "open" ? "conectado" : "reconectando…";
 }
 
-function applyView(view, force = false) {
+/** Show ``view`` unless it is older than the one shown. A snapshot or a view read again was
+ * read when it was asked for: a move answered meanwhile (the person's own, on another request)
+ * is newer, and showing the older view over it would offer the person a turn already played,
+ * and send the next command from it (a discard dragged from it once the other seat had played
+ * on: "draw a card first"). An equal version is shown: its offers may have changed with time. */
+function applyView(view) {
   if (!view) return;
-  if (!force && S.view && view.table_id === S.view.table_id && view.version < S.view.version) return;
+  if (S.view && view.table_id === S.view.table_id && view.version < S.view.version) return;
   S.view = view;
   if (view.deck_design && view.deck_design !== S.design) applyDesign(view.deck_design);
   const cards = (view.hand && view.hand.my_cards) || [];
@@ -340,7 +345,7 @@ function handleEvent(envelope, view, quiet) {
 
 async function refreshView() {
   try {
-    applyView(await api.view(token(), S.table), true);
+    applyView(await api.view(token(), S.table));
   } catch (err) {
     refused(err);
   }
