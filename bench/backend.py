@@ -242,10 +242,21 @@ async def declare_topology(url: str) -> None:
 # --- CPU by process tree -----------------------------------------------------------------------
 
 
-def process_times() -> dict[int, tuple[int, float]]:
-    """Every process: (parent pid, CPU seconds of its own and of its reaped children)."""
+@dataclass
+class Proc:
+    """One process as /proc/<pid>/stat gives it: CPU seconds of its own and of its children
+    that ended and that it reaped."""
+
+    ppid: int
+    name: str
+    own: float
+    reaped: float
+
+
+def process_times() -> dict[int, Proc]:
+    """Every process now, by pid."""
     tick = os.sysconf("SC_CLK_TCK")
-    found: dict[int, tuple[int, float]] = {}
+    found: dict[int, Proc] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -253,25 +264,27 @@ def process_times() -> dict[int, tuple[int, float]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue  # gone meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()
-        # utime, stime, cutime, cstime: fields 14 to 17 of proc(5), 11 to 14 past the name
-        found[int(entry.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / tick)
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = [int(f) for f in stat[stat.rindex(")") + 2 :].split()[1:15]]
+        # ppid, then utime, stime, cutime, cstime: fields 4 and 14 to 17 of proc(5)
+        found[int(entry.name)] = Proc(
+            fields[0], name, (fields[10] + fields[11]) / tick, (fields[12] + fields[13]) / tick
+        )
     return found
 
 
-def tree_seconds(times: dict[int, tuple[int, float]], roots: list[int]) -> float:
-    """CPU seconds of the processes under ``roots`` (themselves included). A child that ended
-    was reaped by its parent, whose reaped-children time then holds it."""
+def tree(times: dict[int, Proc], roots: list[int]) -> set[int]:
+    """The processes under ``roots``, themselves included."""
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in times.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, proc in times.items():
+        children.setdefault(proc.ppid, []).append(pid)
     seen, todo = set(), [pid for pid in roots if pid in times]
     while todo:
         pid = todo.pop()
         if pid not in seen:
             seen.add(pid)
             todo.extend(children.get(pid, []))
-    return sum(times[pid][1] for pid in seen)
+    return seen
 
 
 def own_seconds() -> float:
@@ -280,38 +293,74 @@ def own_seconds() -> float:
     return spent.user + spent.system
 
 
+def kernel_seconds() -> float:
+    """The machine's CPU seconds in interrupts and soft interrupts so far: the kernel's
+    network work (the loopback's packets among them) runs there, charged to no process."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[6]) + int(fields[7])) / os.sysconf("SC_CLK_TCK")
+
+
 class PartsCpu:
-    """CPU spent by each part since construction: ``ms_per_move(moves)``."""
+    """CPU spent by each part since construction (a part: the process trees under its
+    roots; a child that ended was reaped by its parent, whose reaped-children time then holds
+    it): ``ms_per_move(moves)``."""
 
     def __init__(self, parts: dict[str, list[int]]) -> None:
         self.parts = parts
-        self.before = self._read()
+        self.before = process_times()
+        self.load = own_seconds()
+        self.kernel = kernel_seconds()
         self.machine = machine_cpu()
 
-    def _read(self) -> dict[str, float]:
-        times = process_times()
-        found = {part: tree_seconds(times, roots) for part, roots in self.parts.items()}
-        return {**found, "load": own_seconds()}
-
     def ms_per_move(self, moves: int) -> dict[str, Any]:
-        """Each part's, the timers' together, the backend's (every part but the load) and the
-        machine's (everything that ran, the kernel's work included) CPU ms per move."""
-        after = self._read()
+        """Each part's, the timers' together, the backend's (every part but the load), the
+        kernel's interrupts', the machine's (everything that ran) and the three busiest
+        other programs' CPU ms per move."""
+        after, per_move = process_times(), 1000 / max(moves, 1)
         busy, all_, _ = (b - a for a, b in zip(self.machine, machine_cpu(), strict=True))
-        per = {k: (after[k] - self.before[k]) * 1000 / max(moves, 1) for k in after}
+        ours = tree(after, [os.getpid()]) | tree(self.before, [os.getpid()])  # rabbitmqctl too
+        per: dict[str, float] = {}
+        for part, roots in self.parts.items():
+            now, then = tree(after, roots), tree(self.before, roots)
+            ours |= now | then
+            spent = sum(after[p].own + after[p].reaped for p in now)
+            spent -= sum(self.before[p].own + self.before[p].reaped for p in then)
+            per[part] = spent * per_move
+        per["load"] = (own_seconds() - self.load) * per_move
         per["timers"] = sum(v for k, v in per.items() if k.startswith("timers-"))
         backend_total = sum(v for k, v in per.items() if k not in ("load", "timers"))
-        machine = busy * 1000 / max(moves, 1)
         return {
             "cpu_ms_per_move": {k: round(v, 3) for k, v in sorted(per.items())},
             "backend_total_cpu_ms_per_move": round(backend_total, 3),
-            "machine_cpu_ms_per_move": round(machine, 3),
-            # What no part or the load spent: the kernel's own work, this bench's rabbitmqctl
-            # and whatever else ran on the machine meanwhile (a figure to distrust the
-            # machine's share by, not the parts').
-            "other_cpu_ms_per_move": round(machine - backend_total - per["load"], 3),
+            "kernel_irq_cpu_ms_per_move": round((kernel_seconds() - self.kernel) * per_move, 3),
+            "machine_cpu_ms_per_move": round(busy * per_move, 3),
             "machine_busy_share": round(busy / all_, 3) if all_ else None,
+            # What else ran on the machine meanwhile: where it is much, the moves a second
+            # are what the backend got of the machine, not what it can do.
+            **_others(self.before, after, ours, per_move),
         }
+
+
+def _others(
+    before: dict[int, Proc], after: dict[int, Proc], ours: set[int], per_move: float
+) -> dict[str, Any]:
+    """The CPU ms per move of every process not the run's (ended ones included, through
+    their parents' reaped-children times), and the three busiest of those still running by
+    their own time, by name (a parent's reaped-children time jumps by a child's whole life
+    when it ends: no measure of what ran meanwhile)."""
+    total = 0.0
+    for sign, times in ((-1.0, before), (1.0, after)):
+        total += sign * sum(p.own + p.reaped for pid, p in times.items() if pid not in ours)
+    by_name: dict[str, float] = {}
+    for pid, proc in after.items():
+        if pid not in ours:
+            spent = (proc.own - (before[pid].own if pid in before else 0.0)) * per_move
+            by_name[proc.name] = by_name.get(proc.name, 0.0) + spent
+    busiest = sorted(by_name.items(), key=lambda item: -item[1])[:3]
+    return {
+        "others_cpu_ms_per_move": round(total * per_move, 3),
+        "others_busiest": {name: round(v, 3) for name, v in busiest},
+    }
 
 
 # --- queues ------------------------------------------------------------------------------------
@@ -490,9 +539,16 @@ def _queue_figures(
         # The backlog in seconds of the round's moves: how far behind the load it ran.
         "backlog_s": round(backlog / moves_per_s, 3) if moves_per_s else None,
         "drain_s": empty_s,
-        # What it handled a second while it had a backlog (the load stopped: nothing came in).
-        "drain_per_s": round(backlog / empty_s) if empty_s and backlog >= 50 else None,
+        # What it handled a second while it had a backlog (the load stopped: nothing came in),
+        # where there was one and its drain took long enough for the polls to time it.
+        "drain_per_s": _rate(backlog, empty_s),
     }
+
+
+def _rate(backlog: int, empty_s: float | None) -> int | None:
+    if backlog < 100 or empty_s is None or empty_s < 1.0:
+        return None
+    return round(backlog / empty_s)
 
 
 # --- absence deadlines -------------------------------------------------------------------------
@@ -529,9 +585,10 @@ class AbsentMatch(Match):
 
 @dataclass
 class Claim:
-    """One absence_claimable received: its table, when it fell due, when it came."""
+    """One absence_claimable received: its table and seat, when it fell due, when it came."""
 
     table_id: str
+    seat: int
     due: float
     received: float
 
@@ -560,9 +617,10 @@ class Absences:
         now = time.time()
         envelope = json.loads(message.body)
         since = datetime.fromisoformat(envelope["data"]["since"]).timestamp()
-        self.claims.append(Claim(envelope["table_id"], since + ABSENCE_S, now))
+        seat = int(envelope["data"]["seat"])
+        self.claims.append(Claim(envelope["table_id"], seat, since + ABSENCE_S, now))
         match = self.matches.get(envelope["table_id"])
-        if match is not None:
+        if match is not None and seat == 1:
             task = asyncio.ensure_future(match.announced())
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -576,13 +634,18 @@ class Absences:
 def lag_figures(
     claims: list[Claim], absent: set[str], saturated: set[str], start: float, end: float
 ) -> dict[str, Any]:
-    """The lag of the absent matches' deadlines due in [start, end), and how many of the
-    saturated matches' seats were announced absent for a decision given in the round (none
-    should: they answer at once)."""
+    """The lag of the absent seats' deadlines due in [start, end), and how many seats that
+    answer at once (the saturated matches', the absent matches' first) were announced absent
+    for a decision given in the round, before its end: none should be."""
     lags = sorted(
-        c.received - c.due for c in claims if c.table_id in absent and start <= c.due < end
+        c.received - c.due
+        for c in claims
+        if c.table_id in absent and c.seat == 1 and start <= c.due < end
     )
-    given = [c for c in claims if c.table_id in saturated and c.due - ABSENCE_S >= start]
+    present = [
+        c for c in claims if c.table_id in saturated or (c.table_id in absent and c.seat == 0)
+    ]
+    given = [c for c in present if c.due - ABSENCE_S >= start]
     return {
         "deadlines": len(lags),
         "deadline_lag_p50_s": round(lags[len(lags) // 2], 3) if lags else None,
@@ -715,7 +778,7 @@ def goals(raw: list[dict[str, Any]], rounds: list[dict[str, Any]]) -> dict[str, 
         3,
     )
     found["timers_cpu_ms_per_move_by_replicas"] = {
-        str(k): statistics.median(r["cpu_ms_per_move"]["timers"] for r in of)
+        str(k): round(statistics.median(r["cpu_ms_per_move"]["timers"] for r in of), 3)
         for k, of in by_replicas(rounds).items()
     }
     found["timers_queues"] = sorted(
