@@ -87,16 +87,17 @@ POLL_S = 0.1
 PREFIX = "bench-backend."
 DATABASE = "gin_bench_backend"
 OUTBOXES = ("gin_table.outbox", "gin_timers.outbox", "gin_chat.outbox")
-# Goals of issue 29: (field, "max" or "min", the bound). The timers' two-to-one figure has
-# no bound in the issue: two replicas should apply half again as much as one, where they
-# still apply per-move events at all.
+# Goals of issue 29: (field, "max" or "min", the bound). The timers' two-to-one figure is the
+# issue's: two replicas apply 1.8 times what one does, where they still consume per-move events
+# at all; with no timers queue there is no per-move work left to scale (``timers_per_move``).
+# The deadline lag's bounds are this bench's own (the issue asks only that it be shown).
 GOALS = {
     "backend_total_cpu_ms_per_move": ("max", 1.0),
     "max_backlog_s": ("max", 1.0),
     "saturated_over_raw": ("min", 0.5),
     "deadline_lag_p50_s": ("max", 1.0),
     "deadline_lag_max_s": ("max", 2.0),
-    "timers_two_over_one": ("min", 1.5),
+    "timers_two_over_one": ("min", 1.8),
 }
 
 
@@ -784,6 +785,11 @@ def goals(raw: list[dict[str, Any]], rounds: list[dict[str, Any]]) -> dict[str, 
     found["timers_queues"] = sorted(
         {name for r in rounds for name in r["queues"] if name.startswith(PREFIX + "gin.timers")}
     )
+    found["timers_per_move"] = {
+        "queues": found["timers_queues"],
+        "goal": "1.8 times on two replicas, or no per-move work left",
+        "met": found["timers_two_over_one"]["met"] or not found["timers_queues"],
+    }
     found["saturated_claims"] = sum(r["saturated_claims"] for r in rounds)
     return found
 
