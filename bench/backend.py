@@ -67,6 +67,7 @@ from bench.table_load import (
     free_port,
     machine_cpu,
     postgres_settings,
+    proc_stats,
     production_conf,
     raw_move_rate,
     start_service,
@@ -258,17 +259,10 @@ def process_times() -> dict[int, Proc]:
     """Every process now, by pid."""
     tick = os.sysconf("SC_CLK_TCK")
     found: dict[int, Proc] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = [int(f) for f in stat[stat.rindex(")") + 2 :].split()[1:15]]
+    for pid, name, stat, _ in proc_stats():
+        fields = [int(f) for f in stat[1:15]]
         # ppid, then utime, stime, cutime, cstime: fields 4 and 14 to 17 of proc(5)
-        found[int(entry.name)] = Proc(
+        found[pid] = Proc(
             fields[0], name, (fields[10] + fields[11]) / tick, (fields[12] + fields[13]) / tick
         )
     return found

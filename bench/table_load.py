@@ -95,15 +95,7 @@ def cpu_seconds(service_pid: int) -> dict[int, tuple[str, float]]:
     raw loop's client), by pid: (part, seconds)."""
     tick = os.sysconf("SC_CLK_TCK")
     found: dict[int, tuple[str, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        pid = int(entry.name)
+    for pid, name, fields, entry in proc_stats():
         part = (
             "service"
             if pid == service_pid
@@ -117,10 +109,23 @@ def cpu_seconds(service_pid: int) -> dict[int, tuple[str, float]]:
             if name.startswith(("beam", "erl_child"))
             else None
         )
-        if part is not None:
-            fields = stat[stat.rindex(")") + 2 :].split()
+        if part is not None:  # utime and stime: fields 14 and 15 of proc(5)
             found[pid] = (part, (int(fields[11]) + int(fields[12])) / tick)
     return found
+
+
+def proc_stats() -> Iterator[tuple[int, str, list[str], Path]]:
+    """Each process now: its pid, its name, the fields of its ``/proc/<pid>/stat`` after the
+    name (the state first: field 3 of proc(5)) and its ``/proc`` entry."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        yield int(entry.name), name, stat[stat.rindex(")") + 2 :].split(), entry
 
 
 def _is_relay(entry: Path) -> bool:
