@@ -60,6 +60,8 @@ MAX_EXPIRY_ATTEMPTS = 8
 BUSY_PAUSE_S = 0.05  # due rows another replica holds: look again shortly
 PENDING_EVERY_S = 1.0
 FORGET_EVERY_S = 60.0
+UNREADABLE_RETRY_S = 0.5  # the table's deadlines not readable yet: look again this soon
+UNREADABLE_WARN_S = 60.0
 ERROR_BACKOFF_MAX_S = 5.0
 
 OutboxRow = tuple[str, str, bytes, str]
@@ -131,6 +133,7 @@ class Firing:
     async def run(self) -> None:
         """Fire due deadlines until cancelled; survive database outages (and a table schema
         not made yet: the table service's migrations may run after this one's)."""
+        await self._until_readable()
         log.info("timer_firing_started")
         backoff = 0.1
         while True:
@@ -142,6 +145,25 @@ class Firing:
                 pause, backoff = backoff, min(backoff * 2, ERROR_BACKOFF_MAX_S)
             if pause > 0:
                 await asyncio.sleep(pause)
+
+    async def _until_readable(self) -> None:
+        """Wait until the table's deadlines can be read: on a new database the timers may
+        start before the table service has migrated. Said once at info, then as a warning
+        every minute past the first (a grant missing in production: deploy/README.md)."""
+        started = time.monotonic()
+        said_at: float | None = None
+        while True:
+            try:
+                async with self.pool.acquire() as conn:
+                    await store.readable(conn)
+                return
+            except Exception as exc:
+                waited = time.monotonic() - started
+                if said_at is None or time.monotonic() - said_at >= UNREADABLE_WARN_S:
+                    level = log.warning if said_at is not None else log.info
+                    level("timer_waiting_for_table_deadlines", error=repr(exc), waited_s=waited)
+                    said_at = time.monotonic()
+            await asyncio.sleep(UNREADABLE_RETRY_S)
 
     async def step(self) -> float:
         """Fire one batch of each kind and of resends; how long to wait before the next."""

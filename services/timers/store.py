@@ -32,6 +32,12 @@ class Fired(msgspec.Struct, frozen=True, kw_only=True):
     next_at: datetime | None
 
 
+async def readable(conn: Conn) -> None:
+    """Raise unless the table service's deadlines can be read (its migration 009 makes the
+    view and lets this service's role read it)."""
+    await conn.execute(f"SELECT FROM {TIMER_DEADLINES} LIMIT 0")
+
+
 async def lock_scan(conn: Conn, kind: Kind) -> datetime | None:
     """How far deadlines of ``kind`` were looked at, locked for the caller's transaction;
     None while another replica holds it (it is looking now)."""

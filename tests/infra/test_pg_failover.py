@@ -82,6 +82,14 @@ class Player:
                    and isinstance(body, dict) and "version" in body)  # fmt: skip
 
 
+def _mover(data: dict[str, Any]) -> int | None:
+    """The seat an event names as the one who acted, if any."""
+    for field in ("seat", "knocker"):
+        if data.get(field) is not None:
+            return int(data[field])
+    return None
+
+
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[PgPair]:
     pair = PgPair(tmp_path / "pgpair", synchronous=True)
@@ -195,7 +203,9 @@ async def test_a_failover_under_play_answers_503_and_loses_no_acknowledged_move(
                 assert body["error"]["code"] in ("database_unavailable", "busy"), body
         for player in players:  # every acknowledged move is in the new primary's log
             events = await all_events(player.api, player.table_id)
-            logged = {(e["data"].get("seat"), e["version"]) for e in events}
+            # Who made each logged change: the seat of a pass, draw or discard, the knocker of
+            # a knock (its events, hand_ended and the next deal, carry no "seat").
+            logged = {(_mover(e["data"]), e["version"]) for e in events}
             missing = {c: v for c, v in player.acknowledged.items() if v not in logged}
             assert not missing, f"acknowledged, then lost: {missing}"
             seqs = [e["seq"] for e in events]
