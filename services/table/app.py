@@ -16,12 +16,13 @@ from services.table.bot_turns import BotTurnResend
 from services.table.commits import GroupCommit
 from services.table.consumer import CommandConsumer
 from services.table.dev_page import add_dev_page
+from services.table.handling import CommandMetrics, Commands
 from services.table.http import (
+    COMMANDS,
     COMMITTED,
     GROUP_COMMIT,
     METRICS,
     TABLES,
-    CommandMetrics,
     add_routes,
     refusals,
 )
@@ -95,6 +96,9 @@ async def _group_commit(app: web.Application) -> AsyncIterator[None]:
         statements=settings.group_commit_statements,
         most=settings.group_commit_changes,
     )
+    app[COMMANDS] = Commands(
+        app[POOL], app[TABLES], app[GROUP_COMMIT], app[METRICS], app[COMMITTED]
+    )
     yield
     await app[GROUP_COMMIT].close()
 
@@ -125,9 +129,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     hub = Hub(app[POOL], app[TABLES], settings.prefix, app[REGISTRY], settings.ws_send_queue)
     await hub.start(app[BROKER])
     app[HUB] = hub
-    consumer = CommandConsumer(
-        app[POOL], app[TABLES], settings.prefix, app[COMMITTED], ConsumerMetrics(app[REGISTRY])
-    )
+    consumer = CommandConsumer(app[COMMANDS], settings.prefix, ConsumerMetrics(app[REGISTRY]))
     await consumer.start(app[BROKER])
     app[RELAY] = service.relay(app, SCHEMA, channel, exchanges, digest_to=SOCKETS_EXCHANGE)
     # Apart (GIN_RELAY_APART), the relay's process publishes; this replica's relay object only

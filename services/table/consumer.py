@@ -1,6 +1,6 @@
 """Commands from bots and the timer service, consumed from ``gin.commands``.
 
-Same checks as HTTP (``Tables.command``): a repeated ``command_id`` changes nothing, a stale
+The same way in as HTTP (``Commands.handle``): a repeated ``command_id`` changes nothing, a stale
 ``expected_version`` is refused. The shared runner (``shared.infra.consumer``) settles each:
 a refused command is acknowledged (a bot's stale move after the human resigned is normal),
 an undecodable one is dead-lettered, and a database outage holds the command until it is
@@ -9,20 +9,16 @@ applied. Commands are applied concurrently (each locks its own table's row).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import asyncpg
 import structlog
 from aio_pika.abc import AbstractRobustConnection
 
-from services.table.store import Change
-from services.table.tables import Actor, Tables
+from services.table.decide import Actor, Rejected
+from services.table.handling import Commands
 from shared.contracts.api import QueuedCommand
 from shared.contracts.compat import UnknownCommand, decode_queued_command
 from shared.contracts.names import COMMANDS_QUEUE
 from shared.engine import IllegalAction
-from shared.infra.consumer import Consumer, ConsumerMetrics, Skip, in_transaction
-from shared.infra.db import Conn
+from shared.infra.consumer import Consumer, ConsumerMetrics, Skip
 from shared.infra.web import Refused
 
 log = structlog.get_logger()
@@ -38,26 +34,18 @@ def decode_command(body: bytes) -> QueuedCommand:
 
 
 class CommandConsumer:
-    """Applies queued commands with the table service's own checks."""
+    """Applies queued commands through ``Commands.handle``, as HTTP does."""
 
-    def __init__(
-        self,
-        pool: asyncpg.Pool,
-        tables: Tables,
-        prefix: str,
-        committed: Callable[[Change], None],
-        metrics: ConsumerMetrics,
-    ) -> None:
-        self.tables = tables
+    def __init__(self, commands: Commands, prefix: str, metrics: ConsumerMetrics) -> None:
+        self.commands = commands
         self.prefix = prefix
-        self.committed = committed
         self.runner = Consumer(
             "table_commands",
             decode_command,
-            in_transaction(pool, self.apply, self.applied),
+            self.apply,
             metrics,
             context=lambda q: {"table_id": q.table_id, "command_id": q.command.command_id},
-            refused=(Refused, IllegalAction),
+            refused=(Rejected, Refused, IllegalAction),
         )
 
     async def start(self, connection: AbstractRobustConnection, prefetch: int = 16) -> None:
@@ -70,15 +58,10 @@ class CommandConsumer:
         """Take no more commands; let those in hand commit (or go back to the queue)."""
         await self.runner.stop()
 
-    async def apply(self, conn: Conn, queued: QueuedCommand) -> Change | None:
-        """Apply one queued command in the caller's transaction (None: a repeat)."""
+    async def apply(self, queued: QueuedCommand) -> None:
+        """Apply one queued command (a repeat answers its first result and changes nothing);
+        its change is handed to the relay and this replica's sockets once committed."""
         actor = Actor(kind=queued.source, seat=queued.seat)
-        _, change = await self.tables.command(conn, queued.table_id, actor, queued.command)
-        return change
-
-    async def applied(self, queued: QueuedCommand, change: Change | None) -> None:
-        """After the commit: the relay and this replica's sockets are told."""
-        if change is not None:
-            self.committed(change)
-        outcome = "queued_command_applied" if change else "queued_command_repeated"
+        handled = await self.commands.handle(actor, queued.table_id, queued.command)
+        outcome = "queued_command_applied" if handled.change else "queued_command_repeated"
         log.info(outcome, source=queued.source, type=type(queued.command).__name__)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -13,12 +12,13 @@ from typing import Any, TypeVar
 import msgspec
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.table import store
 from services.table.commits import GroupCommit
+from services.table.decide import Actor, Rejected
+from services.table.handling import CommandMetrics, Commands, Committed
 from services.table.store import Change
-from services.table.tables import Actor, Tables
+from services.table.tables import Tables
 from shared.contracts.api import (
     MAX_HAND,
     MAX_SEQ,
@@ -46,12 +46,10 @@ log = structlog.get_logger()
 T = TypeVar("T")
 
 TABLES = web.AppKey("tables", Tables)
-# Called with each committed change: the relay is woken and the WebSocket hub is handed it
-# (delivered after the answer); it never raises, so a committed command never answers an error.
-Committed = Callable[[Change], None]
 SitDown = Callable[[Tables, Conn, str, Identity], Awaitable[tuple[CommandResult, Change]]]
 COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
 GROUP_COMMIT = web.AppKey("group_commit", GroupCommit)
+COMMANDS = web.AppKey("commands", Commands)
 VERIFIER = web.AppKey("verifier", Verifier)
 LIMITS = web.AppKey("rate_limits", RateLimiter)
 _json = msgspec.json.Encoder()
@@ -60,38 +58,27 @@ BAD_INPUT = {"unknown_card", "invalid_meld", "overlapping_melds"}
 EVENTS_LIMIT = 1000  # events per page of GET /v1/tables/{id}/events
 
 
-class CommandMetrics:
-    """Commands by type and outcome, and their latency."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.count = Counter(
-            "gin_commands",
-            "Table commands by type and outcome",
-            ["type", "outcome"],
-            registry=registry,
-        )
-        self.seconds = Histogram(
-            "gin_command_seconds",
-            "Time to apply and commit one command",
-            ["type"],
-            registry=registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
-        )
-        self.ways = Counter(
-            "gin_command_ways",
-            "People's commands answered by the way they took: one statement on the remembered"
-            " row, or the row locked and read (the first at a table, after a change elsewhere,"
-            " and every refusal)",
-            ["way"],
-            registry=registry,
-        )
-
-
 METRICS = web.AppKey("command_metrics", CommandMetrics)
 
 
+# The HTTP status of each refusal of the table's rules (``Rejected``); any other is a 409.
+REJECTED_STATUS = {
+    "no_such_table": 404,
+    "not_seated": 403,
+    "not_creator": 403,
+    "not_a_bot_seat": 403,
+    "bad_invite_code": 403,
+    "not_timer": 403,
+    "timer_expires_only": 403,
+}
+
+
 def refusal_of(exc: Exception) -> Refusal | None:
-    """The shared refusals, the engine's (R-numbered), and unknown command types."""
+    """The table's refusals, the engine's (R-numbered), the shared ones, and unknown command
+    types, each with its HTTP status."""
+    if isinstance(exc, Rejected):
+        status = REJECTED_STATUS.get(exc.code, 409)
+        return status, ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule), {}
     if isinstance(exc, IllegalAction):
         status = 400 if exc.code in BAD_INPUT else 409
         return status, ErrorDetail(code=exc.code, message=exc.message, rule=exc.rule), {}
@@ -192,35 +179,11 @@ async def get_table(request: web.Request) -> web.Response:
 
 
 async def run_command(request: web.Request, command: Any, identity: Identity) -> bytes:
-    """Apply one person's command, with metrics and log context: on the table's remembered
-    row when it is current, saved by the group commit (which hands the change on), else in a
-    transaction that locks and reads it (its sender's limits are the caller's:
-    ``counted_command``)."""
-    app = request.app
-    kind = type(command).__name__
-    structlog.contextvars.bind_contextvars(command_id=command.command_id)
-    start = time.perf_counter()
-    outcome = "refused"
+    """Apply one person's command at the route's table (its sender's limits are the
+    caller's: ``counted_command``): its answer as JSON."""
     actor = Actor(kind="person", identity=identity)
-    table_id = request.match_info["id"]
-    tables = app[TABLES]
-    try:
-        tables.refuse_from_memory(table_id, actor, command)
-        at_once = await tables.command_at_once(app[GROUP_COMMIT].save, table_id, actor, command)
-        if at_once is not None:
-            app[METRICS].ways.labels("one_statement").inc()
-            outcome = "applied"
-            return at_once[0]
-        async with app[POOL].acquire() as conn, conn.transaction():
-            result, change = await tables.command(conn, table_id, actor, command)
-        app[METRICS].ways.labels("locked").inc()
-        outcome = "applied"
-        if change is not None:
-            app[COMMITTED](change)
-        return result
-    finally:
-        app[METRICS].count.labels(kind, outcome).inc()
-        app[METRICS].seconds.labels(kind).observe(time.perf_counter() - start)
+    handled = await request.app[COMMANDS].handle(actor, request.match_info["id"], command)
+    return handled.result
 
 
 async def post_command(request: web.Request) -> web.Response:

@@ -8,8 +8,10 @@ import asyncpg
 import msgspec
 
 from services.table.deadlines import DECIDING, deadlines_of
+from shared.contracts.api import BotTurn
 from shared.contracts.envelope import Envelope
-from shared.contracts.events import Player
+from shared.contracts.events import HandEnded, Player
+from shared.contracts.names import BOTS_EXCHANGE, EVENTS_EXCHANGE, bot_key, table_event_key
 from shared.contracts.options import TableOptions
 from shared.contracts.views import TableStatus, TableView
 from shared.engine.state import GameState
@@ -192,6 +194,32 @@ class Change(msgspec.Struct, kw_only=True):
     bot_turn_due_at: datetime | None = None  # the bot's turn is sent again then, if no move
     # Views already built for this version, by (seat, deck design): the sockets reuse them.
     views: dict[tuple[int | None, str | None], TableView] = {}
+
+
+def change_of(
+    table_id: str,
+    envelopes: list[Envelope],
+    hands: list[HandEnded],
+    bot_turn: BotTurn | None,
+    bot_turn_due_at: datetime | None,
+) -> tuple[list[bytes], list[OutboxRow], list[tuple[int, bytes]]]:
+    """What a change writes besides its row: each event as JSON, the outbox rows (the events
+    to ``gin.events``, a bot's turn to ``gin.bots``) and the finished hands' records."""
+    encoded = [_json.encode(e) for e in envelopes]
+    messages = [
+        (EVENTS_EXCHANGE, table_event_key(table_id, e.type), body, str(e.id))
+        for e, body in zip(envelopes, encoded, strict=True)
+    ]
+    if bot_turn is not None and bot_turn_due_at is not None:
+        messages.append(bot_turn_row(bot_turn))
+    return encoded, messages, [(h.hand, _json.encode(h)) for h in hands]
+
+
+def bot_turn_row(turn: BotTurn, resent: str = "") -> OutboxRow:
+    """The outbox row of a bot's turn (``resent`` tells a resend's message id apart; the bot's
+    command id is the same every time)."""
+    message_id = f"{turn.table_id}:{turn.version}:bot" + (f":{resent}" if resent else "")
+    return BOTS_EXCHANGE, bot_key(turn.level), _json.encode(turn), message_id
 
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
