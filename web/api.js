@@ -106,8 +106,8 @@ const CLOSE_TOKEN_EXPIRED = 4001;
 const BACKOFF_MS = [250, 500, 1000, 2000, 4000];
 
 /**
- * The table's WebSocket. ``onSnapshot(view)`` after every (re)connection, ``onMessage(frame)``
- * for events, results and errors, ``onState("open" | "reconnecting")``; ``tokenExpired()``
+ * The table's WebSocket. ``onSnapshot(view)`` after every (re)connection (it is open then),
+ * ``onMessage(frame)`` for events, results and errors, ``onState("reconnecting", code)``; ``tokenExpired()``
  * gives a fresh token after a 4001 close. Whatever closes it (the server going away, 4008,
  * a network cut), it reconnects with backoff until ``stop()``.
  */
@@ -150,8 +150,7 @@ export class TableSocket {
       }
       if (frame.kind === "snapshot") {
         this.attempt = 0;
-        this.handlers.onState("open");
-        this.handlers.onSnapshot(frame.view);
+        this.handlers.onSnapshot(frame.view); // open again (one call: the page draws once)
       } else {
         this.handlers.onMessage(frame);
       }

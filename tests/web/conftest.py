@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +161,47 @@ def browser(chromium: str, stack: Stack) -> Iterator[Any]:
             launched.close()
 
 
+# What the page shows, read from its DOM: the attributes of ``#screen-table`` (the view's
+# version, status, phase, whose turn), the connection's, the hand's cards, the piles, the
+# board. Tests read these and what a person sees; never the page's own variables.
+SHOWN = """() => {
+  const t = document.getElementById("screen-table").dataset;
+  const conn = document.getElementById("conn");
+  const who = document.getElementById("who");
+  const notice = document.getElementById("notice");
+  const num = (x) => (x === undefined ? null : Number(x));
+  const card = (selector) => {
+    const found = document.querySelector(selector);
+    return found ? found.dataset.card : null;
+  };
+  const design = [...document.body.classList].find((c) => c.startsWith("deck-"));
+  return {
+    table: t.table || null,
+    version: num(t.version),
+    status: t.status || null,
+    you: num(t.you),
+    match: num(t.match),
+    result: t.result || null,
+    phase: t.phase || null,
+    to_act: num(t.toAct),
+    stock_only: t.stockOnly === "true",
+    busy: t.busy === "true",
+    connection: conn.dataset.state || null,
+    snapshots: Number(conn.dataset.snapshots || 0),
+    who: who.hidden ? null : who.textContent,
+    design: design ? design.slice(5) : null,
+    board: !document.getElementById("board").hidden,
+    cards: [...document.querySelectorAll("#hand .card[data-card]")].map((c) => c.dataset.card),
+    selected: card("#hand .card.selected"),
+    suggested: card("#hand .suggested .card[data-card]"),
+    top: card("#discard-top .card[data-card]"),
+    discards: num(document.getElementById("discard").dataset.count),
+    notice: notice.hidden ? null : notice.textContent,
+    log: [...document.querySelectorAll("#log li")].map((li) => li.textContent),
+  };
+}"""
+
+
 class Person:
     """One browser context (one person's window) on the page, with its own storage."""
 
@@ -179,7 +219,6 @@ class Person:
         self.page.on("pageerror", lambda exc: self.errors.append(f"{who}: {exc}"))
         self.stack = stack
         self.who = who
-        self.inputs_again: list[str] = []  # inputs the page lost and ``act`` gave again
 
     def shot(self, name: str) -> Path:
         """A screenshot of the whole page, for a person to look at."""
@@ -187,19 +226,19 @@ class Person:
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
-    def state(self, expression: str = "") -> Any:
-        """The page's own state (``window.gin.state``), or an expression of it (``s``)."""
-        return self.page.evaluate(f"() => {{ const s = window.gin.state; return s{expression}; }}")
+    def shown(self, key: str | None = None) -> Any:
+        """What the page shows (``SHOWN``), or one entry of it."""
+        shown = self.page.evaluate(SHOWN)
+        return shown if key is None else shown[key]
 
     def wait(self, predicate: str, timeout_ms: float = 15_000) -> None:
-        """Wait until ``predicate`` (JavaScript over ``s``, the page's state) holds; past the
-        timeout, the failure says what the page showed (its notice, its log, its turn)."""
+        """Wait until ``predicate`` (JavaScript over ``p``, what the page shows: ``SHOWN``)
+        holds; past the timeout, the failure says what the page showed."""
         from playwright.sync_api import TimeoutError as PageTimeout
 
         try:
             self.page.wait_for_function(
-                "() => { const s = window.gin && window.gin.state;"
-                f" return !!s && ({predicate}); }}",
+                f"() => {{ const p = ({SHOWN})(); return !!({predicate}); }}",
                 timeout=timeout_ms,
             )
         except PageTimeout as timeout:
@@ -207,21 +246,25 @@ class Person:
 
     def seen(self) -> str:
         """What the page shows a person, for a failure's message."""
-        return str(
-            self.page.evaluate(
-                """() => {
-                  const s = window.gin.state, h = s.view && s.view.hand;
-                  return JSON.stringify({
-                    notice: document.getElementById("notice").textContent,
-                    connection: document.getElementById("conn").dataset.state,
-                    busy: s.busy, selected: s.selected, boards: s.boards.length,
-                    version: s.view && s.view.version, last_seq: s.lastSeq,
-                    phase: h && h.phase, to_act: h && h.to_act, you: s.view && s.view.you,
-                    log: s.log.slice(-6),
-                  });
-                }"""
-            )
+        shown = self.shown()
+        shown.pop("cards")
+        shown["log"] = shown["log"][-6:]
+        return str(shown)
+
+    def token(self) -> str:
+        """The development token the page minted for its person (kept in its session)."""
+        return str(self.page.evaluate("() => JSON.parse(sessionStorage.getItem('gin.me')).token"))
+
+    def view(self) -> dict[str, Any]:
+        """The table's view for this person, as the server gives it now (by the API)."""
+        table = self.shown("table")
+        answer = requests.get(
+            f"{self.stack.base}/v1/tables/{table}",
+            headers={"Authorization": f"Bearer {self.token()}"},
+            timeout=10,
         )
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
 
 
 @pytest.fixture
@@ -235,9 +278,6 @@ def people(browser: Any, stack: Stack) -> Iterator[Callable[..., Person]]:
         return person
 
     yield open_person
-    for person in opened:
-        if person.inputs_again:  # shown in the run's summary: a page that loses inputs often
-            warnings.warn(f"{person.who}: inputs given again: {person.inputs_again}", stacklevel=1)
     errors = [e for p in opened for e in p.errors]
     for person in opened:
         person.context.close()

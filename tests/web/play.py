@@ -1,5 +1,6 @@
 """A person's hands on the page: sign in, create a table, and play one decision at a time by
-clicking what a person would click (the stock, a card twice, a card dragged, the buttons)."""
+clicking what a person would click (the stock, a card twice, a card dragged, the buttons).
+Everything is read from what the page shows (``Person.shown``), never from its variables."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from tests.web.conftest import Person
 
-MY_TURN = "s.view && s.view.hand && s.view.you !== null && s.view.hand.to_act === s.view.you"
+MY_TURN = "p.you !== null && p.phase !== null && p.to_act === p.you"
 
 
 def sign_in(person: Person, name: str) -> None:
@@ -17,7 +18,7 @@ def sign_in(person: Person, name: str) -> None:
     form.wait_for(state="visible")
     form.locator("input[name=name]").fill(name)
     form.get_by_role("button", name="ENTRAR").click()
-    person.wait("s.me !== null")
+    person.wait(f"p.who === {name!r}")
 
 
 def create_table(person: Person, **options: int) -> str:
@@ -27,8 +28,8 @@ def create_table(person: Person, **options: int) -> str:
     for name, value in options.items():
         form.locator(f"input[name={name}]").fill(str(value))
     form.get_by_role("button", name="CRIAR MESA").click()
-    person.wait("s.view && s.view.status === 'waiting'")
-    return str(person.state(".table"))
+    person.wait("p.status === 'waiting'")
+    return str(person.shown("table"))
 
 
 def board_open(person: Person) -> bool:
@@ -36,22 +37,26 @@ def board_open(person: Person) -> bool:
 
 
 def version(person: Person) -> int:
-    return int(person.state(".view.version"))
+    return int(person.shown("version"))
 
 
-def endings_follow_legal(person: Person, view: dict[str, Any]) -> None:
+def endings_follow_legal(person: Person, shown: dict[str, Any]) -> None:
     """BATER, GIN and BIG GIN show exactly when ``legal`` offers them (no card chosen: GIN when
-    some discard leaves no deadwood, else BATER when some discard is within the limit)."""
+    some discard leaves no deadwood, else BATER when some discard is within the limit); the
+    offers are the server's, read by the API at the version the page shows."""
+    view = person.view()
+    if view["version"] != shown["version"]:
+        return  # the table has moved on since (an absence's offer, say): nothing to compare
     knocks = [c["deadwood"] for c in view["legal"] if c["type"] == "knock"]
-    shown = {
+    present = {
         action: person.page.locator(f"#actions [data-action={action}]").count() > 0
         for action in ("knock", "gin", "big_gin")
     }
-    assert shown == {
+    assert present == {
         "knock": bool(knocks) and min(knocks) > 0,
         "gin": bool(knocks) and min(knocks) == 0,
         "big_gin": any(c["type"] == "big_gin" for c in view["legal"]),
-    }, (shown, view["legal"])
+    }, (present, view["legal"])
 
 
 def act(person: Person, *, drag: bool = False, knock: bool = True) -> str:
@@ -60,55 +65,44 @@ def act(person: Person, *, drag: bool = False, knock: bool = True) -> str:
     Passes the upcard; draws by clicking the stock; goes BIG GIN, GIN or BATER (without a chosen
     card: the server picks the discard) when the page shows it and ``knock``; otherwise
     discards ORGANIZAR's suggested card by clicking it twice (or dragging it to the pile).
-    Waits until the view has moved on. An input the page never acted on (no command under
-    way, no refusal shown: a click or a drop the browser lost while the page was drawn again)
-    is given once more, as a person would, and counted in ``person.inputs_again``; anything
-    else fails with what the page showed.
+    Each input is given once, as soon as the page shows the person's turn (a command of theirs
+    may still be on its way: the page must keep the input, not drop it), and the page must act
+    on it: the view moves on, or a board shows; else this fails with what the page showed.
     """
-    view: dict[str, Any] = person.state(".view")
-    hand = view.get("hand")
-    if board_open(person) or not hand or view["you"] is None or hand["to_act"] != view["you"]:
+    shown: dict[str, Any] = person.shown()
+    mine = shown["you"] is not None and shown["phase"] and shown["to_act"] == shown["you"]
+    if shown["board"] or not mine:
         return "wait"
-    before = view["version"]
-    done, give = _decision(person, view, drag=drag, knock=knock)
-    moved_on = f"s.view.version > {before} || s.boards.length > 0"
+    before = shown["version"]
+    done, give = _decision(person, shown, drag=drag, knock=knock)
     give()
-    try:
-        person.wait(moved_on, timeout_ms=7_500)
-    except AssertionError:
-        shown = person.page.locator("#notice")
-        if person.state(".busy") or (shown.is_visible() and shown.text_content()):
-            raise
-        person.inputs_again.append(f"{done} at version {before}")
-        give()
-        person.wait(moved_on)
+    person.wait(f"p.version > {before} || p.board")
     return done
 
 
 def _decision(
-    person: Person, view: dict[str, Any], *, drag: bool, knock: bool
+    person: Person, shown: dict[str, Any], *, drag: bool, knock: bool
 ) -> tuple[str, Callable[[], None]]:
-    """What ``act`` does at this view, and the clicks that do it."""
+    """What ``act`` does at what the page shows, and the clicks that do it."""
     page = person.page
-    hand = view["hand"]
-    if hand["phase"] == "upcard":
+    if shown["phase"] == "upcard":
         return "pass", page.locator("#actions [data-action=pass_upcard]").click
-    if hand["phase"] == "draw":
+    if shown["phase"] == "draw":
         return "draw", page.locator("#stock").click
-    endings_follow_legal(person, view)
+    endings_follow_legal(person, shown)
     ending = page.locator("#actions [data-action=big_gin], #actions [data-action=gin]")
     knocking = page.locator("#actions [data-action=knock]")
     if knock and ending.count():
         return "gin", ending.first.click
     if knock and knocking.count():
         return "knock", knocking.click
-    card = hand["my_arrangement"].get("discard") or hand["my_cards"][0]
+    card = shown["suggested"] or shown["cards"][0]
     target = page.locator(f"#hand .card[data-card='{card}']")
     if drag:
         return "drag", lambda: target.drag_to(page.locator("#discard"))
 
     def twice() -> None:  # the first click chooses the card (unless it is chosen already)
-        if person.state(".selected") != card:
+        if shown["selected"] != card:
             target.click()
         target.click()
 

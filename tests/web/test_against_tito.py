@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -14,6 +15,7 @@ from tests.web.play import MY_TURN, act, board_open, create_table, sign_in, vers
 
 # A short match: a whole one, to its end screen, in a reasonable time.
 TARGET = 30
+SOCKET = re.compile(r"/v1/tables/[^/]+/ws")
 
 
 @pytest.mark.timeout(300)
@@ -27,9 +29,9 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
 
     # The deck design is the player's, kept by the server (R10.7).
     page.select_option("#deck-design", "quatro-cores")
-    ana.wait("s.design === 'quatro-cores'")
+    ana.wait("p.design === 'quatro-cores'")
     time.sleep(0.3)  # the PUT is on its way
-    token = ana.state(".me.token")
+    token = ana.token()
     prefs = requests.get(
         f"{stack.base}/v1/players/me/preferences",
         headers={"Authorization": f"Bearer {token}"},
@@ -38,24 +40,24 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
     assert prefs == {"deck_design": "quatro-cores"}
 
     table = create_table(ana, target=TARGET, gin_bonus=20)
-    assert ana.state(".view.options.target") == TARGET
-    assert ana.state(".view.options.gin_bonus") == 20
+    assert page.locator("#options-line").inner_text().startswith(f"Partida até {TARGET} · gin 20 ")
     invite = page.locator("#invite-link").input_value()
     assert invite.startswith(f"{stack.base}/tables/{table}?invite=")
     ana.shot("03-mesa-esperando")
 
     page.locator("#waiting [data-level=tito]").click()
-    ana.wait("s.view.status === 'playing'")
-    assert ana.state(".view.seats[1].bot") == "tito"
+    ana.wait("p.status === 'playing'")
+    assert page.locator("#seat-top").get_attribute("data-bot") == "tito"
+    assert "TITO" in page.locator("#seat-top .seat-name").inner_text()
     page.reload()  # the design comes back with the view, from the server
-    ana.wait("s.view && s.view.status === 'playing'")
+    ana.wait("p.status === 'playing'")
     assert "deck-quatro-cores" in (page.locator("body").get_attribute("class") or "")
 
     # A refusal shows the server's own message: a move out of its phase, on Ana's turn.
     ana.wait(MY_TURN)
-    hand = ana.state(".view.hand")
-    if hand["phase"] == "draw":  # a discard before drawing
-        card = hand["my_cards"][0]
+    shown = ana.shown()
+    if shown["phase"] == "draw":  # a discard before drawing
+        card = shown["cards"][0]
         command: dict[str, str] = {"type": "discard", "card": card}
         page.locator(f"#hand .card[data-card='{card}']").click()
         page.locator(f"#hand .card[data-card='{card}']").click()
@@ -74,13 +76,13 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
 
     # ORGANIZAR: the hand as the server arranges it (melds, the loose cards, SOBRA), or in
     # plain suit order.
-    arrangement = ana.state(".view.hand.my_arrangement")
+    arrangement = ana.view()["hand"]["my_arrangement"]
     groups = page.locator("#hand .group")
     assert page.locator("#sobra").inner_text() == f"SOBRA {arrangement['points']}"
     assert page.locator("#hand .meld").count() == len(arrangement["melds"])
     page.locator("[data-action=organize]").click()
     assert groups.count() == 1
-    assert page.locator("#hand .plain .card").count() == len(ana.state(".view.hand.my_cards"))
+    assert page.locator("#hand .plain .card").count() == len(ana.shown("cards"))
     page.locator("[data-action=organize]").click()
     assert page.locator("#hand .meld").count() == len(arrangement["melds"])
 
@@ -89,7 +91,7 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
     restarted = 0
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        view = ana.state(".view")
+        shown = ana.shown()
         if board_open(ana):
             kind = "fim-da-partida" if page.locator("#board .match-board").count() else "fim-da-mao"
             if kind not in shots:
@@ -99,8 +101,9 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
                 break
             page.locator("#board [data-action=close-board]").click()
             continue
-        hand = view.get("hand")
-        if hand and "jogando" not in shots and hand["phase"] == "discard" and hand["to_act"] == 0:
+        playing = shown["phase"] is not None
+        discarding = shown["phase"] == "discard" and shown["to_act"] == 0
+        if "jogando" not in shots and discarding:
             shots.add("jogando")
             ana.shot("04-jogando")
             # Usable on a 390 px phone: nothing wider than the screen, 11 cards all visible.
@@ -116,15 +119,15 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
                     apart_x = a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
                     apart_y = a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"]
                     assert apart_x or apart_y, (a, b)
-        if hand and not restarted and len(hand["discard_pile"]) >= 3 and hand["to_act"] == 0:
+        if playing and not restarted and shown["discards"] >= 3 and shown["to_act"] == 0:
             # The table service restarts mid-match: the page's socket closes (1001), the
             # page reconnects by itself to the new process and plays on.
             restarted = version(ana)
-            connections = ana.state(".snapshots")
+            connections = shown["snapshots"]
             stack.restart_table()
-            ana.wait(f"s.snapshots > {connections}")
+            ana.wait(f"p.snapshots > {connections}")
             page.locator("#conn[data-state=open]").wait_for()
-            ana.wait(f"s.view.version >= {restarted}")
+            ana.wait(f"p.version >= {restarted}")
         result = act(ana, drag=(done["discard"] + done["drag"]) % 2 == 1)
         done[result] += 1
         if result == "wait":
@@ -133,8 +136,9 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
         pytest.fail(f"the match did not end in time: {dict(done)}")
 
     # The match-end board: the winner, the whole tally (R9.2), and a rematch offered.
-    result = ana.state(".view.match.result")
+    result = ana.view()["match"]["result"]
     assert result["reason"] == "target"
+    assert ana.shown("result") == "target"
     board = page.locator("#board .match-board")
     for title in ("Pontos", "Mãos ganhas", "Bônus da partida", "Bônus de mão", "Total"):
         assert board.get_by_text(title, exact=True).is_visible()
@@ -149,21 +153,38 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
 
     # Rematch at the same table: TITO always agrees (R9.4).
     page.locator("#board [data-action=rematch]").click()
-    ana.wait("s.view.status === 'playing' && s.view.match.number === 2")
-    assert ana.state(".table") == table
+    ana.wait("p.status === 'playing' && p.match === 2")
+    assert ana.shown("table") == table
     ana.shot("06-revanche")
 
-    # The stock's count turns red at 4 (R8.3): the page drawn with this view's count at 4.
+    # The stock's count turns red at 4 (R8.3): the page opened again, every view it is given
+    # (its read, its socket's frames) rewritten to a stock of 4.
     count = page.locator("#stock-count")
     assert "low" not in (count.get_attribute("class") or "")
-    page.evaluate(
-        """() => {
-            const real = window.gin.state.view;
-            window.gin.state.view = { ...real, hand: { ...real.hand, stock_count: 4 } };
-            window.gin.render();
-            window.gin.state.view = real;
-        }"""
-    )
+    shown_at_four(ana, table)
     assert count.inner_text() == "4"
     assert count.evaluate("c => getComputedStyle(c).backgroundColor") == "rgb(200, 16, 46)"
     page.locator("#stock").screenshot(path=str(SHOTS / "07-monte-com-4.png"))
+
+
+def shown_at_four(person: Person, table: str) -> None:
+    """Reload ``person``'s page with every view it reads or is sent saying 4 cards in stock."""
+
+    def four(text: str) -> str:
+        return re.sub(r'"stock_count":\s*\d+', '"stock_count":4', text)
+
+    def read(route: Any) -> None:
+        answer = route.fetch()
+        route.fulfill(response=answer, body=four(answer.text()))
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+        server.on_message(lambda m: ws.send(four(m if isinstance(m, str) else m.decode())))
+
+    person.page.route(lambda url: url.endswith(f"/v1/tables/{table}"), read)
+    person.context.route_web_socket(SOCKET, relay)
+    person.page.reload()
+    person.page.locator("#conn[data-state=open]").wait_for()
+    person.page.wait_for_function(
+        "() => document.getElementById('stock-count').textContent === '4'"
+    )

@@ -84,8 +84,8 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     assert "convidado" in bia.page.locator("#name-why").inner_text()
     bia.shot("10-convite")
     sign_in(bia, "Bia")
-    bia.wait("s.view && s.view.you === 1 && s.view.status === 'playing'")
-    ana.wait("s.view.status === 'playing'")
+    bia.wait("p.you === 1 && p.status === 'playing'")
+    ana.wait("p.status === 'playing'")
 
     # Caio comes with the same link after both seats are taken: the server's refusal shows,
     # and he watches, with no hand shown and a chat box that says why he cannot write.
@@ -93,8 +93,8 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     caio.page.goto(invite)
     sign_in(caio, "Caio")
     # The page shows the table before it asks for the seat: its socket opens after the answer.
-    caio.wait("s.socket !== null && s.view.status === 'playing' && s.view.you === null")
-    token = caio.state(".me.token")
+    caio.wait("p.connection === 'open' && p.status === 'playing' && p.you === null")
+    token = caio.token()
     expected = requests.post(
         f"{stack.base}/v1/tables/{table}/join",
         json={"invite_code": invite.rpartition("=")[2]},
@@ -112,8 +112,8 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     # Duda has only the table's address and no name: she watches too.
     duda: Person = people(PHONE, "duda")
     duda.page.goto(f"{stack.base}/tables/{table}")
-    duda.wait("s.view && s.view.status === 'playing' && s.view.you === null")
-    assert duda.state(".me") is None
+    duda.wait("p.status === 'playing' && p.you === null")
+    assert duda.shown("who") is None
     assert duda.page.locator("#hand").count() == 0
     assert duda.page.locator("#chat-form input[name=text]").is_disabled()
 
@@ -124,29 +124,26 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     sees_chat(ana, "Bia: Obrigada!")
     sees_chat(caio, "Bia: Obrigada!")
 
-    def discards() -> int:
-        return len(ana.state(".view.hand.discard_pile"))
-
     def anas_draw() -> bool:
-        hand = ana.state(".view.hand")
-        return discards() >= 5 and hand["to_act"] == 0 and hand["phase"] == "draw"
+        shown = ana.shown()
+        return bool(shown["discards"] >= 5 and shown["to_act"] == 0 and shown["phase"] == "draw")
 
     # Bia draws by clicking the discard pile: the card she took shows in her seat, to all.
     def bias_draw() -> bool:
-        hand = bia.state(".view.hand")
-        return hand["phase"] == "draw" and hand["to_act"] == 1 and not hand["stock_only"]
+        shown = bia.shown()
+        return bool(shown["phase"] == "draw" and shown["to_act"] == 1 and not shown["stock_only"])
 
     play_until([ana, bia], bias_draw)
-    taken = bia.state(".view.hand.discard_pile")[-1]
-    before = bia.state(".view.version")
+    taken = bia.shown("top")
+    before = bia.shown("version")
     bia.page.locator("#discard").click()
-    bia.wait(f"s.view.version > {before}")
-    assert taken in bia.state(".view.hand.my_cards")
+    bia.wait(f"p.version > {before}")
+    assert taken in bia.shown("cards")
     for person in (ana, caio):
         person.page.locator(f"#seat-top .card.known[data-card='{taken}']").wait_for()
 
     play_until([ana, bia], anas_draw)
-    bia.wait(f"s.view.version === {ana.state('.view.version')}")
+    bia.wait(f"p.version === {ana.shown('version')}")
     ana.shot("11-dois-jogadores")
     bia.shot("12-dois-jogadores-celular")
     caio.shot("13-espectador")
@@ -157,20 +154,20 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     bia.page.locator("#conn[data-state=reconnecting]").wait_for()
     assert act(ana, knock=False) == "draw"
     assert act(ana, knock=False) in ("discard", "drag")
-    missed = ana.state(".view.hand.discard_pile")[-1]
+    missed = ana.shown("top")
     chat(ana, "Voltou?")
     time.sleep(0.5)
-    assert bia.state(".view.version") < ana.state(".view.version")
+    assert bia.shown("version") < ana.shown("version")
     bia.shot("14-reconectando")
     assert cutter.refused or bia.page.locator("#conn").inner_text() == "reconectando…"
 
     # The page reconnects by itself and resumes from its last seq: the view, the events it
     # missed (in its log) and the chat.
-    connections = bia.state(".snapshots")
+    connections = bia.shown("snapshots")
     cutter.restore()
-    bia.wait(f"s.snapshots > {connections}")
+    bia.wait(f"p.snapshots > {connections}")
     bia.page.locator("#conn[data-state=open]").wait_for()
-    bia.wait(f"s.view.version === {ana.state('.view.version')}")
+    bia.wait(f"p.version === {ana.shown('version')}")
     bia.page.locator("#log li", has_text=f"Ana descartou {label(missed)}.").wait_for()
     sees_chat(bia, "Ana: Voltou?")
     bia.shot("15-reconectado")
@@ -195,18 +192,18 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     accept.filter(has_text="ACEITAR REVANCHE").wait_for()
     accept.click()
     for person in (ana, bia):
-        person.wait("s.view.status === 'playing' && s.view.match.number === 2")
+        person.wait("p.status === 'playing' && p.match === 2")
 
     # DESISTIR, confirmed: Ana wins the second match.
     bia.page.locator("#actions [data-action=resign]").click()
     bia.page.locator("#actions [data-action=resign-confirm]").click()
     ana.page.locator("#board .match-board").wait_for()
-    ana.wait("s.view.status === 'match_over' && s.view.match.result.reason === 'resigned'")
+    ana.wait("p.status === 'match_over' && p.result === 'resigned'")
     assert "Bia desistiu: Ana venceu a partida." in ana.page.locator("#board").inner_text()
     ana.shot("19-desistencia")
 
     # Ana declines another: the table closes, and its chat is for reading only.
     ana.page.locator("#board [data-action=decline_rematch]").click()
-    bia.wait("s.view.status === 'closed'")
+    bia.wait("p.status === 'closed'")
     assert bia.page.locator("#chat-form input[name=text]").is_disabled()
     assert "fechada" in bia.page.locator("#chat-why").inner_text()
