@@ -56,11 +56,11 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 FLOOD_PER_S = float(os.environ.get("BENCH_FLOOD_PER_S", "500"))
 # The flood rounds' players think as the site's do at their quickest (issue 16's paced round).
 FLOOD_THINK_S = float(os.environ.get("BENCH_FLOOD_THINK_S", "1.0"))
-# The flooder shares this machine's two cores with the service; in production it is elsewhere.
+# The flooder shares the machine's cores with the service; in production it is elsewhere.
 # A niceness for it (0: none) tells its own CPU apart from what the service spends on it.
 FLOOD_NICE = int(os.environ.get("BENCH_FLOOD_NICE", "0"))
-# Pairs of flood rounds per connection count: a round's p99 moves some 30% from round to
-# round on this machine (a full collection, a burst), more than what is measured.
+# Pairs of flood rounds per connection count: a round's p99 moves from round to round (a full
+# collection, a burst) by more than the difference measured, so one pair is not enough.
 FLOOD_ROUNDS = int(os.environ.get("BENCH_FLOOD_ROUNDS", "4"))
 # The flooder's keep-alive connections: one set of flood rounds for each count listed. 8: a
 # client's few; 100: the most the production ingress lets one address open
@@ -71,8 +71,8 @@ FLOOD_CONNECTIONS = [
 ]
 # synchronous_commit for the flood rounds, on the benchmark's own server: "on" (production's,
 # the default) or "off", which sets the commit's flush aside: a flooder's refusals never touch
-# the disk, and this machine's disk stalls a flush 50 to 250 ms a few times a minute, in the
-# quiet and the flooded rounds at random.
+# the disk, and a disk's slow flushes (deploy/README.md, "The disk and the players' tail")
+# fall in the quiet and the flooded rounds at random.
 FLOOD_COMMIT = os.environ.get("BENCH_FLOOD_COMMIT", "on")
 # As production runs it (deploy/k8s): the table service with GIN_RELAY_APART and its outbox
 # relay a process of its own (services.table.relay), counted as the part "relay"; 0: the
@@ -1027,8 +1027,8 @@ def flood_set(url: str, base: str, pid: int, connections: int, commit: str) -> N
         flooder_nice=FLOOD_NICE,
         flood_answered_per_s=[f["flood"]["per_s"] for f in flooded],
         **_ratio(quiet, flooded, "command_to_opponent_ws_p99_ms", "p99"),
-        # Every round's samples together: a p99 of some 16,000 latencies a side, steadier
-        # than the median of four rounds' p99s (a round's moves some 30% on its own).
+        # Every round's samples together: a p99 of all of a side's latencies, steadier than
+        # the median of the rounds' p99s (a round's moves a lot on its own).
         **_pooled(quiet, flooded),
         **_ratio(quiet, flooded, "p99_worst_window_ms", "worst_window_p99"),
         # What the flood costs the service itself: its CPU in flooded and quiet rounds.

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from scripts import servers
 
-START_TIMEOUT_S = 180.0  # three nodes booting at once on 2 cores (INFRA.md: ~10 s for one)
+# Three nodes booting at once on a small machine, each far slower than one booting alone.
+START_TIMEOUT_S = 180.0
 
 
 class RabbitCluster:

@@ -224,7 +224,7 @@ def build(tag: str = DEFAULT_TAG, refresh_base: bool = False) -> str:
         image_id = iidfile.read_text().strip().removeprefix("sha256:")
     print(f"image: {tag} ({image_id[:12]}) built in {time.monotonic() - started:.1f} s")
     # The layers cached by older builds go after a day (the tagged images stay): a build
-    # after a change of code otherwise leaves some 150 MB behind.
+    # after a change of code otherwise leaves the old layers behind, and the disk fills.
     subprocess.run(
         ["podman", "image", "prune", "--force", "--filter=until=24h"],
         stdout=subprocess.DEVNULL,

@@ -11,7 +11,7 @@ python:3.11-slim-bookworm), with the hash of every file of every pinned version,
     lock [--upgrade | --upgrade-package NAME ...]   make lock: resolve (uv pip compile) again,
                                                     keeping each pin pyproject still allows
     check                                           make check: the locks agree with pyproject
-                                                    (offline, some 50 ms)
+                                                    (offline, quick)
     audit                                           make check: pip-audit on the locks; skipped,
                                                     with a message, when the advisory data
                                                     cannot be reached

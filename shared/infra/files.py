@@ -31,8 +31,9 @@ NR_OPEN = Path("/proc/sys/fs/nr_open")  # the kernel's cap on any process's limi
 NR_OPEN_DEFAULT = 1 << 20  # Linux's default fs.nr_open, when it cannot be read
 # Never raised past this (Linux's default fs.nr_open): a hard limit of systemd's "infinity" is
 # fs.nr_open, which systemd sets to 2**30, and what walks every possible descriptor (a
-# child's close_fds without /proc, say) would walk a billion. A socket costs a table replica
-# some 20 KiB, so this is past any memory it is given.
+# child's close_fds without /proc, say) would walk a billion. A million sockets would take a
+# table replica more memory than it is ever given (a socket's cost: deploy/README.md, "How
+# many matches"), so this cap binds no replica.
 SOFT_CAP = 1 << 20
 UNLIMITED = resource.RLIM_INFINITY
 

@@ -112,8 +112,8 @@ class FairPool(asyncpg.Pool):
 
     asyncpg's pool is an asyncio.Queue of connections, and a queue lets a newcomer take an
     item put back for a waiter that has not run yet; the waiter then goes to the back of the
-    line. A saturated table service starved some players that way (in one 20 s round, 60
-    moves for one match and 137 for another). A semaphore as large as the pool, which wakes
+    line. A saturated table service starved some players that way (some matches of a round
+    made far fewer moves than others). A semaphore as large as the pool, which wakes
     its waiters in order and lets no one past them, now decides who gets the next connection.
     """
 
@@ -180,7 +180,7 @@ async def publish_confirmed(
 
     aiormq's ``basic_publish`` takes the channel's lock and waits for the socket write for
     each message, so a batch went out one message per event-loop turn: a busy table service
-    relayed some 120 events/s while it committed 800 moves/s, at ~155 us of CPU each. This
+    relayed far fewer events than it committed moves, and spent much CPU on each. This
     keeps aiormq's own books (delivery tags, confirmation futures, the writer's queue) under
     the same lock, once per batch, so it mixes with ``basic_publish`` on one channel. It
     relies on aiormq 7.2's channel internals; tests/infra/test_publish_confirmed.py holds

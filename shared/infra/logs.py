@@ -25,8 +25,8 @@ LINES_PER_S = 10  # of one event at warning or above; the rest are counted, not 
 
 class Throttle:
     """At most ``per_s`` lines a second of any one event at warning or above: an outage makes
-    every request and every retry say the same thing (some 77,000 lines in one PostgreSQL
-    restart), which buries the lines that differ. The next line of that event that passes
+    every request and every retry say the same thing, over and over while it lasts, which
+    buries the lines that differ. The next line of that event that passes
     carries ``suppressed``, how many were dropped since the last one."""
 
     def __init__(self, per_s: int = LINES_PER_S, clock: Callable[[], float] = time.monotonic):

@@ -146,7 +146,7 @@ class OutboxRelay:
         while True:
             try:
                 # One connection of its own, to listen and to publish: a relay that queued for
-                # the pool behind a busy service's commands fell minutes behind at saturation.
+                # the pool behind a busy service's commands fell ever further behind at saturation.
                 async with self.pool.acquire() as conn:
                     await conn.add_listener(NOTIFY_CHANNEL, self._notified)
                     backoff = 0.1

@@ -14,10 +14,10 @@ A refusal is not answered at once (``admit``): an identity past its limit gets i
 one per ``Holds.interval_s``, each held up to ``max_s``, and longer once the identity has
 more than ``crowd`` held at once. A client that ignores Retry-After and asks again as soon as
 it is answered is so slowed, and what it costs the replica falls with it (a held request
-costs a socket and a timer, no CPU; an answered one some 200 to 300 us of HTTP): on C
-connections it is answered about 1 / interval_s + min(C, crowd) / (0.75 max_s) times a
-second, however many connections it opens. Holding is bounded, over all identities and per
-identity; past those bounds a refusal is answered at once, as before holding.
+costs a socket and a timer, no CPU; an answered one the CPU of its HTTP): on C connections
+it is answered about 1 / interval_s + min(C, crowd) / (0.75 max_s) times a second, however
+many connections it opens. Holding is bounded, over all identities and per identity; past
+those bounds a refusal is answered at once, as before holding.
 
 How far past its limit a window can go: a count reaches the table at its replica's next
 sync and another replica at that replica's next sync, so a replica may not know what the
@@ -117,10 +117,10 @@ class Holds:
     ``max_s``, at random (so a flood that arrived at once is not answered at once, and sent
     again at once, in lockstep every ``max_s``), stretched by n / ``crowd`` while the identity
     has n > ``crowd`` held (``MAX_STRETCH`` at most): a client that opens more connections
-    gets no more answers for them (500 a second on 1,000 connections cost the players' p99
-    60% before; one does not hold a thousand requests to play). At most ``max_held`` are held
-    at once, ``max_held_per_identity`` of one identity (all of them, unless told); past those
-    a refusal is answered at once. ``release`` (at shutdown) answers them all."""
+    gets no more answers for them (a flood answered in full on many connections raised the
+    seated players' tail; one does not hold many requests to play). At most ``max_held`` are
+    held at once, ``max_held_per_identity`` of one identity (all of them, unless told); past
+    those a refusal is answered at once. ``release`` (at shutdown) answers them all."""
 
     def __init__(
         self,
@@ -147,8 +147,8 @@ class Holds:
         self._released = False
         self._waiting: set[asyncio.Future[None]] = set()  # one per held refusal
         # The long holds whose client may leave, asked all at once every max_s by one timer:
-        # a hold of its own woken every max_s cost some 40 us and a dozen objects, in
-        # lockstep for holds that began together (a thousand, every 5 s, in the bench).
+        # a timer of its own per hold, woken every max_s, costs CPU and objects per hold, in
+        # lockstep for holds that began together (a flood's, all at once).
         self._watched: dict[asyncio.Future[None], Callable[[], bool]] = {}
         self._sweeping: asyncio.TimerHandle | None = None
 

@@ -233,21 +233,19 @@ async def young_heap(app: web.Application) -> AsyncIterator[None]:
     """Keep the collector's work to what is new (``GIN_GC_THAW_S``; 0: off), in short pauses
     (``GIN_GC_FULL_EVERY_S``).
 
-    A full collection scans every object the process holds: with 15,000 sockets open that
-    paused the service for about a second, many times while they opened. So right after each
-    full collection the survivors are frozen (``gc.freeze``): the next one scans only what
-    came since. A frozen object is never collected as part of a cycle, so once every
-    ``GIN_GC_THAW_S`` everything is thawed and collected in one full pause (its length is in
-    ``gin_gc_pause_seconds``), which reclaims the cycles that died frozen (some 25 objects
-    for each closed socket) and bounds what they hold.
+    A full collection scans every object the process holds, and a replica holding thousands
+    of sockets holds a great many: each such pause holds every command and socket of the
+    process. So right after each full collection the survivors are frozen (``gc.freeze``):
+    the next one scans only what came since. A frozen object is never collected as part of a
+    cycle, so once every ``GIN_GC_THAW_S`` everything is thawed and collected in one full
+    pause (its length is in ``gin_gc_pause_seconds``), which reclaims the cycles that died
+    frozen (each closed socket leaves some) and bounds what they hold.
 
     Left to Python, the next full collection comes once what was promoted since the last one
-    reaches a quarter of what survived it: at the players' pace, once in 20 s or so, over
-    some 50,000 objects, a 40 to 65 ms pause that held every command of its moment (on this
-    machine, one a paced round of make bench). A full collection every ``GIN_GC_FULL_EVERY_S``
-    (a quarter second) scans the same objects once each, in pauses of a millisecond or so:
-    every second they were 3 ms, and 10 to 16 ms in the seconds a thousand flooding
-    connections sent their first requests."""
+    reaches a quarter of what survived it: rarely, over everything since, in one pause long
+    enough to show in the players' tail. A full collection every ``GIN_GC_FULL_EVERY_S`` scans
+    the same objects once each, in short pauses (deploy/README.md, "Scale", has the figures
+    measured both ways)."""
     settings = app[SETTINGS]
     thaw_s = settings.gc_thaw_s
     if thaw_s <= 0:
@@ -366,6 +364,6 @@ def refuse_unsafe_token_settings(settings: Settings) -> None:
 async def _freeze_heap(app: web.Application) -> None:
     """Once started, move what the process holds for good (modules, the engine's tables, the
     app) out of the collector's reach: a full collection then scans only what came since,
-    instead of pausing the event loop for some 40 ms (every command waiting behind it)."""
+    instead of pausing the event loop over all of it (every command waiting behind it)."""
     gc.collect()
     gc.freeze()

@@ -41,7 +41,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
     # aiohttp's line per request: the ingress logs every request already, and here it costs
-    # some 45 us a request (a /healthz answered in 55 us took 100 with it).
+    # CPU on every request, about as much as answering a /healthz.
     access_log: bool = False
     db_pool_size: int = 10
     db_acquire_timeout_s: float = 2.0  # a request waits this long for a connection, then 503
@@ -60,8 +60,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # new socket is closed with 1013 while the process has more open than its limit less this.
     files_reserve: int = 256
     # Table WebSockets one replica holds at most; the next is closed with 1013. Its memory binds
-    # before its files (deploy/README.md, "How many matches"): keep it under the replica's
-    # memory limit at 21 KiB a socket, and over the autoscaler's socket target.
+    # before its files: keep it under the replica's memory limit over a socket's measured cost
+    # (deploy/README.md, "How many matches"), and over the autoscaler's socket target.
     max_sockets: int = 18_000
     # Per-identity limits, valid across replicas: so many per window (seconds), then 429.
     rate_commands: int = 600
@@ -89,8 +89,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     relay_batch: int = 500
     relay_poll_s: float = 1.0
     # A busy relay lets each next batch gather this long (the first after a quiet spell goes
-    # at once). 20 ms, not 5: at 200 moves/s a batch of ~4 rows instead of ~1 cut the CPU of
-    # a move by a quarter (relay, PostgreSQL, RabbitMQ, and the replicas' digests alike).
+    # at once): long enough that at the players' pace a batch carries several rows, not one,
+    # which cuts every part's CPU a move (relay, PostgreSQL, RabbitMQ, the replicas' digests);
+    # an event waits this long at most for it (deploy/README.md, "Capacity").
     relay_linger_s: float = 0.02
     outbox_retention_s: float = 86400.0  # published outbox rows are kept this long (replays)
     timer_poll_s: float = 1.0  # the timer service looks for due deadlines at least this often
