@@ -7,7 +7,7 @@ DEV_LOCK := requirements/dev.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(DEV_LOCK) | cksum | cut -d' ' -f1)
 
 .PHONY: dev test check fmt bench chaos chaos-cluster venv lock clean servers servers-stop asyncapi openapi docs manifests \
-	browser image image-tools \
+	browser node image image-tools \
 	contracts-schema contracts-dist
 
 venv: $(STAMP)
@@ -29,7 +29,8 @@ lock: venv
 	$(BIN)/python scripts/lock.py lock $(if $(filter 1,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
 
 # The checks run first: CI (.ci/run) calls only `make test`, and a lint or type error fails it.
-test: check browser image-tools
+test: check browser node image-tools
+	node --test web/tests/
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # tests/web drive Debian's Chromium (/usr/bin/chromium): installed here when missing (as root,
@@ -43,6 +44,17 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium; \
 	  } >.run/chromium.log 2>&1 || \
 	  echo "make: chromium could not be installed (see .run/chromium.log): tests/web will skip"; }
+
+# web/tests (the page's reducer) run on Debian's nodejs: installed here when missing, as chromium.
+node:
+	@command -v node >/dev/null 2>&1 || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  echo "make: installing Debian's nodejs for web/tests"; \
+	  mkdir -p .run; \
+	  { $$sudo apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q nodejs; \
+	  } >.run/nodejs.log 2>&1 || \
+	  { echo "make: nodejs could not be installed (see .run/nodejs.log)"; exit 1; }; }
 
 # The image of the Dockerfile, built here with Debian's buildah on a base made from Debian's
 # packages (scripts/image.py: no registry of images needed): IMAGE=... names it.

@@ -107,8 +107,8 @@ const BACKOFF_MS = [250, 500, 1000, 2000, 4000];
 
 /**
  * The table's WebSocket. ``onSnapshot(view)`` after every (re)connection (it is open then),
- * ``onMessage(frame)`` for events, results and errors, ``onState("reconnecting", code)``; ``tokenExpired()``
- * gives a fresh token after a 4001 close. Whatever closes it (the server going away, 4008,
+ * ``onMessage(frame)`` for events, results and errors, ``onState("reconnecting", code)``;
+ * ``tokenExpired()`` gives a fresh token after a 4001 close. Whatever closes it (the server going away, 4008,
  * a network cut), it reconnects with backoff until ``stop()``.
  */
 export class TableSocket {

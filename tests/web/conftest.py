@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import requests
@@ -27,6 +28,9 @@ import requests
 from shared.infra.settings import Settings
 from tests.conftest import settings_of_their_own
 from tests.e2e.processes import ROOT, Service, free_port, output_to
+
+if TYPE_CHECKING:
+    from tests.web.play import Relay
 
 CHROMIUM = os.environ.get("GIN_CHROMIUM", "/usr/bin/chromium")
 SHOTS = ROOT / "test-output" / "web"
@@ -41,6 +45,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# The table's WebSocket, for the tests that stand between a window and it.
+SOCKET = re.compile(r"/v1/tables/[^/]+/ws")
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 860}
 # Short enough that a test sees ENCERRAR POR AUSÊNCIA offered, long enough that nobody is
@@ -282,3 +288,28 @@ def people(browser: Any, stack: Stack) -> Iterator[Callable[..., Person]]:
     for person in opened:
         person.context.close()
     assert not errors, errors
+
+
+@pytest.fixture
+def two(people: Any, stack: Stack) -> tuple[Person, str, str, Relay]:
+    """Ana's window at a table she plays against Bia (a token, no window): Ana, table, Bia, and
+    the relay of Ana's socket."""
+    from tests.web.play import Relay, create_table, sign_in
+
+    ana: Person = people(DESKTOP, "ana")
+    relay = Relay()
+    ana.context.route_web_socket(SOCKET, relay.route)
+    ana.page.goto(f"{stack.base}/")
+    sign_in(ana, "Ana")
+    table = create_table(ana)
+    invite = ana.page.locator("#invite-link").input_value().rpartition("=")[2]
+    bia = requests.post(f"{stack.base}/v1/dev/tokens", json={"name": "Bia"}, timeout=10).json()
+    joined = requests.post(
+        f"{stack.base}/v1/tables/{table}/join",
+        json={"invite_code": invite},
+        headers={"Authorization": f"Bearer {bia['token']}"},
+        timeout=10,
+    )
+    assert joined.status_code == 200, joined.text
+    ana.wait("p.status === 'playing' && p.phase !== null")
+    return ana, table, bia["token"], relay

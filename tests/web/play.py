@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.web.conftest import Person
+import requests
+
+from tests.web.conftest import Person, Stack
 
 MY_TURN = "p.you !== null && p.phase !== null && p.to_act === p.you"
 
@@ -107,3 +109,70 @@ def _decision(
         target.click()
 
     return "discard", twice
+
+
+# --- Ana in her window against Bia (a token, no window) ------------------------------------
+
+
+def bia_moves(stack: Stack, table: str, token: str) -> None:
+    """Bia (no window) makes her decision: pass, draw from the stock, or her SOBRA's discard
+    (never ending the hand)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    view = requests.get(f"{stack.base}/v1/tables/{table}", headers=headers, timeout=10).json()
+    hand = view["hand"]
+    if hand["phase"] == "upcard":
+        move: dict[str, Any] = {"type": "pass_upcard"}
+    elif hand["phase"] == "draw":
+        move = {"type": "draw", "source": "stock"}
+    else:
+        card = hand["my_arrangement"].get("discard") or hand["my_cards"][0]
+        move = {"type": "discard", "card": card}
+    move["expected_version"] = view["version"]
+    answer = requests.post(
+        f"{stack.base}/v1/tables/{table}/commands", json=move, headers=headers, timeout=10
+    )
+    assert answer.status_code == 200, answer.text
+
+
+def to_anas_discard(ana: Person, stack: Stack, table: str, bia: str) -> None:
+    """Play (Ana in her window, Bia by the API) until Ana has drawn and is to discard."""
+    for _ in range(20):
+        shown = ana.shown()
+        if shown["to_act"] == 0 and shown["phase"] == "discard":
+            return
+        if shown["to_act"] == 0:
+            act(ana, knock=False)
+        else:
+            before = shown["version"]
+            bia_moves(stack, table, bia)
+            ana.wait(f"p.version > {before}")
+    raise AssertionError(f"Ana never came to discard: {ana.seen()}")
+
+
+class Relay:
+    """Stands between Ana's window and the table socket: ``drop()`` closes the socket under
+    the page (it reconnects by itself); with ``hold``, the next snapshot is kept in ``held``
+    instead of reaching the page, until the test sends it."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.held: list[str] = []
+        self.sockets: list[tuple[Any, Any]] = []
+
+    def route(self, ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_server(message: str | bytes) -> None:
+            text = message if isinstance(message, str) else message.decode()
+            if self.hold and '"kind":"snapshot"' in text and not self.held:
+                self.held.append(text)
+                return
+            ws.send(message)
+
+        server.on_message(from_server)
+        self.sockets.append((ws, server))
+
+    def drop(self) -> None:
+        page_side, server_side = self.sockets[-1]
+        page_side.close(code=1011, reason="the network is down")
+        server_side.close()

@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 import requests
 
-from tests.web.conftest import PHONE, SHOTS, Person, Stack
+from tests.web.conftest import PHONE, SHOTS, SOCKET, Person, Stack
 from tests.web.play import MY_TURN, act, board_open, create_table, sign_in, version
 
 # A short match: a whole one, to its end screen, in a reasonable time.
 TARGET = 30
-SOCKET = re.compile(r"/v1/tables/[^/]+/ws")
 
 
 @pytest.mark.timeout(300)

@@ -12,103 +12,12 @@ version, Ana's draw.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
-import requests
 
-from tests.web.conftest import DESKTOP, Person, Stack
-from tests.web.play import act, create_table, sign_in, version
-
-SOCKET = re.compile(r"/v1/tables/[^/]+/ws")
-
-
-def bia_moves(stack: Stack, table: str, token: str) -> None:
-    """Bia (no window) makes her decision: pass, draw from the stock, or her SOBRA's discard
-    (never ending the hand)."""
-    headers = {"Authorization": f"Bearer {token}"}
-    view = requests.get(f"{stack.base}/v1/tables/{table}", headers=headers, timeout=10).json()
-    hand = view["hand"]
-    if hand["phase"] == "upcard":
-        move: dict[str, Any] = {"type": "pass_upcard"}
-    elif hand["phase"] == "draw":
-        move = {"type": "draw", "source": "stock"}
-    else:
-        card = hand["my_arrangement"].get("discard") or hand["my_cards"][0]
-        move = {"type": "discard", "card": card}
-    move["expected_version"] = view["version"]
-    answer = requests.post(
-        f"{stack.base}/v1/tables/{table}/commands", json=move, headers=headers, timeout=10
-    )
-    assert answer.status_code == 200, answer.text
-
-
-def to_anas_discard(ana: Person, stack: Stack, table: str, bia: str) -> None:
-    """Play (Ana in her window, Bia by the API) until Ana has drawn and is to discard."""
-    for _ in range(20):
-        shown = ana.shown()
-        if shown["to_act"] == 0 and shown["phase"] == "discard":
-            return
-        if shown["to_act"] == 0:
-            act(ana, knock=False)
-        else:
-            before = shown["version"]
-            bia_moves(stack, table, bia)
-            ana.wait(f"p.version > {before}")
-    raise AssertionError(f"Ana never came to discard: {ana.seen()}")
-
-
-class Relay:
-    """Stands between Ana's window and the table socket: ``drop()`` closes the socket under
-    the page (it reconnects by itself); with ``hold``, the next snapshot is kept in ``held``
-    instead of reaching the page, until the test sends it."""
-
-    def __init__(self) -> None:
-        self.hold = False
-        self.held: list[str] = []
-        self.sockets: list[tuple[Any, Any]] = []
-
-    def route(self, ws: Any) -> None:
-        server = ws.connect_to_server()
-
-        def from_server(message: str | bytes) -> None:
-            text = message if isinstance(message, str) else message.decode()
-            if self.hold and '"kind":"snapshot"' in text and not self.held:
-                self.held.append(text)
-                return
-            ws.send(message)
-
-        server.on_message(from_server)
-        self.sockets.append((ws, server))
-
-    def drop(self) -> None:
-        page_side, server_side = self.sockets[-1]
-        page_side.close(code=1011, reason="the network is down")
-        server_side.close()
-
-
-@pytest.fixture
-def two(people: Any, stack: Stack) -> tuple[Person, str, str, Relay]:
-    """Ana's window at a table she plays against Bia (a token, no window): Ana, table, Bia, and
-    the relay of Ana's socket."""
-    ana: Person = people(DESKTOP, "ana")
-    relay = Relay()
-    ana.context.route_web_socket(SOCKET, relay.route)
-    ana.page.goto(f"{stack.base}/")
-    sign_in(ana, "Ana")
-    table = create_table(ana)
-    invite = ana.page.locator("#invite-link").input_value().rpartition("=")[2]
-    bia = requests.post(f"{stack.base}/v1/dev/tokens", json={"name": "Bia"}, timeout=10).json()
-    joined = requests.post(
-        f"{stack.base}/v1/tables/{table}/join",
-        json={"invite_code": invite},
-        headers={"Authorization": f"Bearer {bia['token']}"},
-        timeout=10,
-    )
-    assert joined.status_code == 200, joined.text
-    ana.wait("p.status === 'playing' && p.phase !== null")
-    return ana, table, bia["token"], relay
+from tests.web.conftest import Person, Stack
+from tests.web.play import Relay, act, to_anas_discard, version
 
 
 @pytest.mark.timeout(120)

@@ -3,17 +3,15 @@ socket cut mid-hand and recovered, absence, rematch and resignation."""
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
 import pytest
 import requests
 
-from tests.web.conftest import ABSENCE_S, DESKTOP, PHONE, Person, Stack
+from tests.web.conftest import ABSENCE_S, DESKTOP, PHONE, SOCKET, Person, Stack
 from tests.web.play import act, create_table, sign_in
 
-SOCKET = re.compile(r"/v1/tables/[^/]+/ws")
 SUITS = {"c": "♣", "d": "♦", "h": "♥", "s": "♠"}
 
 
