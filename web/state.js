@@ -326,11 +326,12 @@ export function reduce(state, frame) {
     }
     case "events_read": {
       // The events after ``lastSeq``, in order: the history on arrival is quiet, except the
-      // events that came live meanwhile (held in ``ahead``).
+      // events that came live meanwhile (held in ``ahead``). They are all the server keeps: a
+      // log that starts past ``lastSeq + 1`` (its oldest events dropped) is taken from there.
       const live = new Set(s.ahead.map((e) => e.seq));
       let next = s;
       for (const envelope of frame.events) {
-        if (!isTableEvent(envelope) || envelope.seq !== next.lastSeq + 1) continue;
+        if (!isTableEvent(envelope) || envelope.seq <= next.lastSeq) continue;
         next = tableEvent(next, envelope, s.quietHistory && !live.has(envelope.seq));
       }
       next = drainAhead({ ...next, ahead: next.ahead.filter((e) => e.seq > next.lastSeq), catchingUp: false, quietHistory: false });

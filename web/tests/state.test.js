@@ -226,3 +226,14 @@ test("a match's end queues its board after the hand's; closing shows the next", 
   s = reduce(s, { type: "action", action: "close-board" });
   assert.deepEqual(s.boards.map((b) => b.kind), ["match"]);
 });
+
+test("a history whose oldest events are no longer kept is taken from its first event", () => {
+  let s = reduce(initialState({ me: ME }), { type: "table_opened", table: "t1" });
+  s = reduce(s, { type: "snapshot", view: view(501) });
+  s = reduce(s, frame(event(502), view(502))); // live, past the gap
+  s = reduce(s, { type: "events_read", events: [event(500), event(501, "stock_low", { stock_count: 4 }), event(502)] });
+  assert.equal(s.lastSeq, 502);
+  assert.deepEqual(s.ahead, []);
+  assert.equal(s.catchingUp, false);
+  assert.deepEqual(s.effects, []); // no read asked again: nothing is missing any more
+});
