@@ -130,7 +130,8 @@ def amqp_login(url: str, timeout: float = 10.0) -> None:
     try:
         _run_probe(_open_and_close(url, timeout))
     except exceptions.ProbableAuthenticationError as exc:
-        raise ServerError(f"login as {user} refused: {exc.args[0] if exc.args else exc}") from exc
+        reason = str(exc.args[0] if exc.args else exc).rstrip(".")
+        raise ServerError(f"login as {user} refused: {reason}") from exc
     except exceptions.ConnectionClosed as exc:
         raise ServerError(f"the broker closed the connection: {exc}") from exc
     except exceptions.InvalidFrameError as exc:
@@ -166,6 +167,7 @@ def amqp_ready(url: str) -> tuple[bool, str]:
             whys.append(why)
         return False, "; ".join(whys)
     host, port = _endpoint(url)
+    _client_errors()  # a missing client is the caller's error, not the broker's
     if not tcp_open(host, port, timeout=3.0):
         return False, f"nothing accepts TCP connections on {host}:{port}"
     if urlsplit(url).scheme == "amqps":

@@ -167,6 +167,34 @@ def write_pg_conf(
             handle.write(f"\n{include}\n")
 
 
+def _initdb_unless_made(
+    bindir: Path, data_dir: Path, os_user: str | None, env: Mapping[str, str], timeout: float
+) -> float | None:
+    """initdb into data_dir unless it holds a cluster of bindir's version already; the
+    seconds initdb took (None when it did not run)."""
+    version_file = data_dir / "PG_VERSION"
+    if version_file.exists():
+        data_version = version_file.read_text().strip()
+        if data_version != bindir.parent.name:
+            raise ServerError(
+                f"{data_dir} holds PostgreSQL {data_version} data but {bindir} is "
+                f"{bindir.parent.name}; run `stop --purge` on this state dir to start afresh"
+            )
+        return None
+    if data_dir.exists():
+        shutil.rmtree(data_dir)  # a half-made cluster from an interrupted initdb
+    began = time.monotonic()
+    initdb = [
+        str(bindir / "initdb"),
+        *("-D", str(data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8"),
+        *("--locale=C.UTF-8", "--no-sync"),
+    ]
+    result = run(as_user(os_user, initdb), env=env, cwd=data_dir.parent, timeout=timeout)
+    if result.returncode != 0:
+        raise ServerError(f"initdb failed: {output_of(result)}")
+    return time.monotonic() - began
+
+
 def start_postgres(
     state_dir: Path,
     state: State,
@@ -194,42 +222,7 @@ def start_postgres(
     env.pop("PGCONNECT_TIMEOUT")
     env[OWNER_ENV] = owner_tag
 
-    initdb_s: float | None = None
-    version_file = data_dir / "PG_VERSION"
-    if version_file.exists():
-        data_version = version_file.read_text().strip()
-        if data_version != bindir.parent.name:
-            raise ServerError(
-                f"{data_dir} holds PostgreSQL {data_version} data but {bindir} is "
-                f"{bindir.parent.name}; run `stop --purge` on this state dir to start afresh"
-            )
-    else:
-        if data_dir.exists():
-            shutil.rmtree(data_dir)  # a half-made cluster from an interrupted initdb
-        began = time.monotonic()
-        result = run(
-            as_user(
-                os_user,
-                [
-                    str(bindir / "initdb"),
-                    "-D",
-                    str(data_dir),
-                    "-U",
-                    "postgres",
-                    "--auth=trust",
-                    "-E",
-                    "UTF8",
-                    "--locale=C.UTF-8",
-                    "--no-sync",
-                ],
-            ),
-            env=env,
-            cwd=root,
-            timeout=timeout,
-        )
-        if result.returncode != 0:
-            raise ServerError(f"initdb failed: {output_of(result)}")
-        initdb_s = time.monotonic() - began
+    initdb_s = _initdb_unless_made(bindir, data_dir, os_user, env, timeout)
 
     preferred = previous.port if previous else None
     (port,) = free_ports(1, [preferred])

@@ -128,9 +128,45 @@ def write_rabbit_config(root: Path, port: int) -> None:
     (root / "rabbitmq-env.conf").write_text("# Empty: keeps /etc/rabbitmq/rabbitmq-env.conf out.\n")
 
 
+def _await_epmd(entry: RabbitState, root: Path) -> None:
+    deadline = time.monotonic() + 10
+    while not tcp_open(LOCALHOST, entry.epmd_port, 0.5):
+        if not pid_alive(entry.epmd_pid) or time.monotonic() > deadline:
+            raise ServerError(
+                f"epmd did not start on port {entry.epmd_port}: {tail(root / 'log' / 'epmd.log')}"
+            )
+        time.sleep(0.05)
+
+
+def _await_node(
+    entry: RabbitState, bindir: Path, env: dict[str, str], deadline: float, timeout: float
+) -> None:
+    """Wait until the node answers AMQP, then until rabbitmqctl says it has started."""
+    root = Path(entry.root)
+    log_file = root / "log" / "server.log"
+    while not amqp_answers(LOCALHOST, entry.port):
+        if not pid_alive(entry.script_pid):
+            raise ServerError(f"rabbitmq-server exited while starting:\n{tail(log_file)}")
+        if time.monotonic() > deadline:
+            raise ServerError(
+                f"RabbitMQ did not answer on port {entry.port} within {timeout:.0f} s:\n"
+                f"{tail(log_file)}"
+            )
+        time.sleep(0.2)
+    remaining = max(10.0, deadline - time.monotonic())
+    ctl = [str(bindir / "rabbitmqctl"), "-n", entry.nodename, "await_startup"]
+    result = run(
+        [*ctl, "--timeout", str(int(remaining))], env=env, cwd=root, timeout=remaining + 30
+    )
+    if result.returncode != 0:
+        raise ServerError(f"rabbitmqctl await_startup failed: {output_of(result)}")
+
+
 def start_rabbitmq(
     state_dir: Path, state: State, installer: Installer, timeout: float
 ) -> RabbitState:
+    """A throwaway node under ``state_dir``/rabbitmq (its data kept for the next start), on
+    the ports it had when they are still free; returns once the node has started."""
     bindir = rabbit_bindir(installer)
     epmd = find_epmd()
     owner = owner_of(state_dir)
@@ -165,41 +201,11 @@ def start_rabbitmq(
     )
     state.rabbitmq = entry
     save_state(state_dir, state)
-    deadline = time.monotonic() + 10
-    while not tcp_open(LOCALHOST, epmd_port, 0.5):
-        if not pid_alive(entry.epmd_pid) or time.monotonic() > deadline:
-            raise ServerError(
-                f"epmd did not start on port {epmd_port}: {tail(root / 'log' / 'epmd.log')}"
-            )
-        time.sleep(0.05)
+    _await_epmd(entry, root)
 
     entry.script_pid = spawn_detached([str(bindir / "rabbitmq-server")], env, root, log_file)
     save_state(state_dir, state)
-    deadline = began + timeout
-    while not amqp_answers(LOCALHOST, port):
-        if not pid_alive(entry.script_pid):
-            raise ServerError(f"rabbitmq-server exited while starting:\n{tail(log_file)}")
-        if time.monotonic() > deadline:
-            raise ServerError(
-                f"RabbitMQ did not answer on port {port} within {timeout:.0f} s:\n{tail(log_file)}"
-            )
-        time.sleep(0.2)
-    remaining = max(10.0, deadline - time.monotonic())
-    result = run(
-        [
-            str(bindir / "rabbitmqctl"),
-            "-n",
-            entry.nodename,
-            "await_startup",
-            "--timeout",
-            str(int(remaining)),
-        ],
-        env=env,
-        cwd=root,
-        timeout=remaining + 30,
-    )
-    if result.returncode != 0:
-        raise ServerError(f"rabbitmqctl await_startup failed: {output_of(result)}")
+    _await_node(entry, bindir, env, began + timeout, timeout)
     entry.beam_pid = read_pid_file(root / "rabbitmq.pid")
     entry.start_s = time.monotonic() - began
     save_state(state_dir, state)
