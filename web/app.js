@@ -52,7 +52,14 @@ function run(effect) {
       );
       break;
     case "chat_after":
-      messagesAfter(table, effect.after).then((messages) => dispatch({ type: "messages_read", messages }), refused);
+      messagesAfter(table, effect.after).then(
+        (messages) => dispatch({ type: "messages_read", messages }),
+        (err) => {
+          // A new table: the chat learns of it from the table's events, and its first
+          // messages come on the socket. Nothing to say to the person.
+          if (!(err instanceof Refusal && err.code === "no_such_table")) refused(err);
+        },
+      );
       break;
     case "notice_timer":
       setTimeout(() => dispatch({ type: "notice_expired", id: effect.id }), effect.ms);
