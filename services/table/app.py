@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from services.table import store
+from services.table import backfill
 from services.table.bot_turns import BotTurnResend
 from services.table.commits import GroupCommit
 from services.table.consumer import CommandConsumer
@@ -40,7 +40,6 @@ from shared.infra.settings import Settings
 
 log = structlog.get_logger()
 SCHEMA = "gin_table"
-DEADLINES_BACKFILL_BATCH = 500
 MIGRATIONS = Path(__file__).parent / "migrations"
 RELAY = web.AppKey("relay", OutboxRelay)
 
@@ -103,25 +102,6 @@ async def _group_commit(app: web.Application) -> AsyncIterator[None]:
     await app[GROUP_COMMIT].close()
 
 
-async def _backfill_deadlines(app: web.Application) -> None:
-    """Fill in the deadlines migration 009 left to the service, a batch at a time, then end
-    (any replica may: the batches skip each other's rows)."""
-    backfill_after = 0.0
-    while True:
-        await asyncio.sleep(backfill_after)
-        try:
-            async with app[POOL].acquire() as conn:
-                filled = await store.backfill_deadlines(conn, DEADLINES_BACKFILL_BATCH)
-        except Exception as exc:  # the database away: try again shortly
-            log.warning("deadlines_backfill_failed", error=repr(exc))
-            backfill_after = 5.0
-            continue
-        if filled == 0:
-            return
-        log.info("deadlines_backfilled", tables=filled)
-        backfill_after = 0.0
-
-
 async def _broker(app: web.Application) -> AsyncIterator[None]:
     """The relay, this replica's WebSocket hub and the command consumer."""
     settings = app[SETTINGS]
@@ -145,10 +125,10 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
         resend_s=settings.bot_turn_resend_s,
     )
     resending = asyncio.create_task(resend.run(), name="bot-turn-resend")
-    backfill = asyncio.create_task(_backfill_deadlines(app), name="deadlines-backfill")
+    filling = asyncio.create_task(backfill.run(app[POOL]), name="deadlines-backfill")
     yield
     await consumer.stop()
-    await service.cancel(resending, backfill, *([] if relay is None else [relay]))
+    await service.cancel(resending, filling, *([] if relay is None else [relay]))
     await hub.stop()
     await app[RELAY].close()
     await app[BROKER].close()
@@ -157,8 +137,9 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
 def create_relay_app(settings: Settings) -> web.Application:
     """The table's outbox relay alone (``python -m services.table.relay``): with
     ``GIN_RELAY_APART`` the replicas commit and wake it by NOTIFY, and this process publishes,
-    so a replica's event loop spends nothing on publishing (some 10% of its CPU at saturation)
-    and no replica, the one holding the relay's lock, publishes for all the others. Two of them
+    so a replica's event loop spends nothing on publishing (a share of its CPU at saturation:
+    docs/DESIGN.md, section 2) and no replica, the one holding the relay's lock, publishes for
+    all the others. Two of them
     may run: one publishes at a time (the advisory lock), the other takes over."""
     app = web.Application()
     app[SETTINGS] = settings

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.table.commits import GroupCommit
 from services.table.decide import Actor
+from services.table.port import PgStore
 from services.table.store import Change
 from services.table.tables import Tables
 from shared.contracts.commands import Command
@@ -104,7 +105,7 @@ class Commands:
             self.metrics.ways.labels("one_statement").inc()
             return Handled(*at_once)
         async with self.pool.acquire() as conn, conn.transaction():
-            result, change = await tables.command(conn, table_id, actor, command)
+            result, change = await tables.command(PgStore(conn), table_id, actor, command)
         self.metrics.ways.labels("locked").inc()
         if change is not None:
             self.committed(change)

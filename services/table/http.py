@@ -17,6 +17,7 @@ from services.table import store
 from services.table.commits import GroupCommit
 from services.table.decide import Actor, Rejected
 from services.table.handling import CommandMetrics, Commands, Committed
+from services.table.port import PgStore, TableStore
 from services.table.store import Change
 from services.table.tables import Tables
 from shared.contracts.api import (
@@ -36,7 +37,6 @@ from shared.engine import IllegalAction
 from shared.infra import service
 from shared.infra import web as web_edge
 from shared.infra.auth import AuthError, Identity, Verifier, bearer, mint
-from shared.infra.db import Conn
 from shared.infra.ops import REGISTRY
 from shared.infra.ratelimit import RateLimited, RateLimiter
 from shared.infra.service import POOL, SETTINGS
@@ -46,7 +46,7 @@ log = structlog.get_logger()
 T = TypeVar("T")
 
 TABLES = web.AppKey("tables", Tables)
-SitDown = Callable[[Tables, Conn, str, Identity], Awaitable[tuple[CommandResult, Change]]]
+SitDown = Callable[[Tables, TableStore, str, Identity], Awaitable[tuple[CommandResult, Change]]]
 COMMITTED: web.AppKey[Committed] = web.AppKey("committed")
 GROUP_COMMIT = web.AppKey("group_commit", GroupCommit)
 COMMANDS = web.AppKey("commands", Commands)
@@ -126,7 +126,9 @@ async def create_table(request: web.Request) -> web.Response:
     body = await body_of(request, CreateTable)
     await limit(request, "tables", identity)
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        created, change = await request.app[TABLES].create(conn, identity, body.options.plain())
+        created, change = await request.app[TABLES].create(
+            PgStore(conn), identity, body.options.plain()
+        )
     request.app[COMMITTED](change)
     structlog.contextvars.bind_contextvars(table_id=created.table_id)
     log.info("table_created")
@@ -161,7 +163,9 @@ async def _take_seat(request: web.Request, identity: Identity | None, sit: SitDo
     """Fill the free seat in one transaction, then deliver the change to this replica."""
     assert identity is not None
     async with request.app[POOL].acquire() as conn, conn.transaction():
-        result, change = await sit(request.app[TABLES], conn, request.match_info["id"], identity)
+        result, change = await sit(
+            request.app[TABLES], PgStore(conn), request.match_info["id"], identity
+        )
     request.app[COMMITTED](change)
     return json_bytes(_json.encode(result))
 

@@ -30,6 +30,7 @@ from services.table.http import (
     run_command,
 )
 from services.table.hub import HUB
+from services.table.port import PgStore
 from shared.contracts.api import ErrorDetail, WsCommand, WsError
 from shared.infra.auth import AuthError, Identity
 from shared.infra.files import FileBudget
@@ -64,7 +65,7 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     # A table this replica has seen full, or has the row of, exists for good.
     if table_id not in tables.seatings and hub.known.current(table_id) is None:
         async with request.app[POOL].acquire() as conn:
-            await tables.seating(conn, table_id)  # 404 if there is none
+            await tables.seating(PgStore(conn), table_id)  # 404 if there is none
     settings = request.app[SETTINGS]
     # Past max_msg_size aiohttp closes the socket with 1009 (CLOSE_MESSAGE_TOO_BIG).
     ws = web.WebSocketResponse(

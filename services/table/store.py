@@ -7,7 +7,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from services.table.deadlines import DECIDING, deadlines_of
+from services.table.deadlines import deadlines_of
 from shared.contracts.api import BotTurn
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import HandEnded, Player
@@ -18,7 +18,8 @@ from shared.engine.state import GameState
 from shared.infra.db import Conn
 
 _state_encoder = msgspec.msgpack.Encoder()
-_state_decoder = msgspec.msgpack.Decoder(GameState)
+STATE_DECODER = msgspec.msgpack.Decoder(GameState)
+
 _json = msgspec.json.Encoder()
 _seats_decoder = msgspec.json.Decoder(list[Player | None])
 _options_decoder = msgspec.json.Decoder(TableOptions)
@@ -64,7 +65,7 @@ def _row(record: asyncpg.Record) -> TableRow:
         options=_options_decoder.decode(record["options"]),
         seats=_seats_decoder.decode(record["seats"]),
         status=record["status"],
-        state=None if state is None else _state_decoder.decode(state),
+        state=None if state is None else STATE_DECODER.decode(state),
         version=record["version"],
         seq=record["seq"],
         created_at=record["created_at"],
@@ -364,36 +365,6 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
 def _columns(rows: list[tuple[object, ...]], width: int) -> list[list[object]]:
     """Rows as their columns (each the array of an ``unnest``), ``width`` of them."""
     return [list(column) for column in zip(*rows, strict=True)] or [[] for _ in range(width)]
-
-
-async def backfill_deadlines(conn: Conn, limit: int) -> int:
-    """Fill in the deadlines of up to ``limit`` tables that migration 009 left to the service
-    (a playing table's decision is in its engine state); how many. The absence's event is the
-    table's last deciding one in its log. Tables a move holds are skipped: its save fills
-    them in."""
-    async with conn.transaction():
-        records = await conn.fetch(
-            "SELECT t.table_id, t.status, t.state, t.last_move_at, t.seq,"
-            " (SELECT max(e.seq) FROM events e WHERE e.table_id = t.table_id"
-            "  AND e.type = ANY($2::text[])) AS deciding"
-            " FROM deadlines d JOIN tables t USING (table_id) WHERE d.backfill"
-            " LIMIT $1 FOR UPDATE OF t, d SKIP LOCKED",
-            limit,
-            sorted(DECIDING),
-        )
-        filled = []
-        for r in records:
-            state = None if r["state"] is None else _state_decoder.decode(r["state"])
-            due = deadlines_of(r["status"], state, r["last_move_at"], r["seq"])
-            if due.absence_seat is not None and r["deciding"] is not None:
-                due = msgspec.structs.replace(due, absence_seq=r["deciding"])
-            filled.append((r["table_id"], *msgspec.structs.astuple(due)))
-        await conn.executemany(
-            "UPDATE deadlines SET absence_seat = $2, absence_since = $3, absence_seq = $4,"
-            " expiry_since = $5, expiry_seq = $6, backfill = false WHERE table_id = $1",
-            filled,
-        )
-    return len(records)
 
 
 async def take_due_bot_turns(conn: Conn, now: datetime, limit: int) -> list[TableRow]:

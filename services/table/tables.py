@@ -1,6 +1,7 @@
 """The table service's commands: load, decide, save, whichever way a command arrives.
 
-Each coroutine that takes a connection runs inside the caller's transaction on it: it loads
+Each coroutine that takes a store (``port.TableStore``: PostgreSQL in the caller's
+transaction, or its in-memory twin) runs inside that transaction: it loads
 the table (its row locked), asks ``decide`` (pure: services/table/decide.py) what the command
 makes of it, and saves the change (state, events with gap-free seq, hand records, outbox rows,
 deadlines, the command's result) before the caller commits. ``command_at_once`` decides on
@@ -35,6 +36,7 @@ from services.table.decide import (
     view,
 )
 from services.table.memory import ROWS_KEPT, TableMemory
+from services.table.port import TableStore
 from services.table.store import TableRow
 from shared.contracts import commands as c
 from shared.contracts.api import CommandResult, TableCreatedResponse
@@ -43,7 +45,6 @@ from shared.contracts.options import TableOptions
 from shared.contracts.views import TableView
 from shared.engine import IllegalAction, Timing
 from shared.infra.auth import Identity
-from shared.infra.db import Conn
 
 __all__ = ["Actor", "Rejected", "Tables", "secure_shuffle"]
 _json = msgspec.json.Encoder()
@@ -99,7 +100,7 @@ class Tables:
     # --- the table lifecycle (R10.1) -------------------------------------------------------
 
     async def create(
-        self, conn: Conn, identity: Identity, options: TableOptions
+        self, db: TableStore, identity: Identity, options: TableOptions
     ) -> tuple[TableCreatedResponse, store.Change]:
         """A new table with its creator in seat 0, waiting for an opponent."""
         timing = self.timing()
@@ -117,11 +118,11 @@ class Tables:
             created_at=now,
             last_move_at=now,
         )
-        await store.insert_table(conn, row)
-        design = await store.deck_design(conn, identity.id)
+        await db.insert_table(row)
+        design = await db.deck_design(identity.id)
         decision = opened(row, timing, design)
         change = self._change(decision)
-        await store.save_change(conn, change)
+        await db.save_change(change)
         created = TableCreatedResponse(
             table_id=row.table_id,
             invite_code=row.invite_code,
@@ -132,36 +133,36 @@ class Tables:
         return created, change
 
     async def join(
-        self, conn: Conn, table_id: str, identity: Identity, code: str
+        self, db: TableStore, table_id: str, identity: Identity, code: str
     ) -> tuple[CommandResult, store.Change]:
         """Take the free seat with the invitation code; the match starts (R10.1)."""
-        seating = await self.seating(conn, table_id)
+        seating = await self.seating(db, table_id)
         self._check_invitation(seating, identity, code)  # before the lock: a flood waits on none
-        locked = await self._lock(conn, table_id, player=identity.id)
+        locked = await self._lock(db, table_id, player=identity.id)
         self._check_invitation(self.memory.seating_of_row(locked.row), identity, code)
         player = Player(id=identity.id, name=identity.name)
-        return await self._sit(conn, locked, player, identity)
+        return await self._sit(db, locked, player, identity)
 
     async def seat_bot(
-        self, conn: Conn, table_id: str, identity: Identity, level: BotLevel
+        self, db: TableStore, table_id: str, identity: Identity, level: BotLevel
     ) -> tuple[CommandResult, store.Change]:
         """The creator fills the free seat with a bot; the match starts (R10.1)."""
-        if (await self.seating(conn, table_id)).creator_id != identity.id:  # before the lock
+        if (await self.seating(db, table_id)).creator_id != identity.id:  # before the lock
             raise Rejected("not_creator", "only the table's creator seats a bot", "R10.1")
-        locked = await self._lock(conn, table_id, player=identity.id)
+        locked = await self._lock(db, table_id, player=identity.id)
         if locked.row.status != "waiting":
             raise Rejected("seat_taken", "both seats are taken", "R10.1")
         bot = Player(name=BOT_NAMES[level], bot=level)
-        return await self._sit(conn, locked, bot, identity)
+        return await self._sit(db, locked, bot, identity)
 
     async def _sit(
-        self, conn: Conn, locked: store.Locked, player: Player, caller: Identity
+        self, db: TableStore, locked: store.Locked, player: Player, caller: Identity
     ) -> tuple[CommandResult, store.Change]:
         decision = sit(
             locked.row, player, caller.id, self.timing(), self.shuffle, locked.deck_design
         )
         change = self._change(decision)
-        await store.save_change(conn, change)
+        await db.save_change(change)
         result = CommandResult(
             version=decision.row.version, events=decision.envelopes, view=decision.view
         )
@@ -170,15 +171,15 @@ class Tables:
     # --- commands --------------------------------------------------------------------------
 
     async def command(
-        self, conn: Conn, table_id: str, actor: Actor, cmd: c.Command
+        self, db: TableStore, table_id: str, actor: Actor, cmd: c.Command
     ) -> tuple[bytes, store.Change | None]:
         """Apply one command in the caller's transaction: the result as JSON and the change
         (none for a repeat of a ``command_id``: it returns the first result, changes nothing)."""
         check_sender(actor, cmd)
         player = actor.person
         if player is not None:  # a spectator is refused before the lock, most often from memory
-            await self._check_seated(conn, table_id, player)
-        locked = await self._lock(conn, table_id, cmd.command_id, player, actor.label)
+            await self._check_seated(db, table_id, player)
+        locked = await self._lock(db, table_id, cmd.command_id, player, actor.label)
         self.memory.seating_of_row(locked.row)
         if player is not None:
             self.memory.keep_design(player, locked.deck_design)
@@ -189,7 +190,7 @@ class Tables:
         change, result = self._answered(
             decision, locked.row.version, cmd, actor, locked.deck_design
         )
-        await store.save_change(conn, change)
+        await db.save_change(change)
         return result, change
 
     def committed(self, row: TableRow) -> None:
@@ -275,20 +276,20 @@ class Tables:
         if seating is not None and person is not None and person not in seating.people:
             raise Rejected("not_seated", "spectators watch and do not play", "R10.1")
 
-    async def seating(self, conn: Conn, table_id: str) -> store.Seating:
+    async def seating(self, db: TableStore, table_id: str) -> store.Seating:
         """A table's seating: remembered if full, else read without a lock (404 if none)."""
         seating = self.memory.seating(table_id)
         if seating is None:
-            seating = await store.read_seating(conn, table_id)
+            seating = await db.read_seating(table_id)
             if seating is None:
                 raise Rejected("no_such_table", f"there is no table {table_id!r}")
             self.memory.keep_seating(table_id, seating)
         return seating
 
-    async def _check_seated(self, conn: Conn, table_id: str, player: str) -> None:
+    async def _check_seated(self, db: TableStore, table_id: str, player: str) -> None:
         # A seating not full is never remembered, so it was just read: a join made at another
         # replica a moment ago is in it.
-        if player not in (await self.seating(conn, table_id)).people:
+        if player not in (await self.seating(db, table_id)).people:
             raise Rejected("not_seated", "spectators watch and do not play", "R10.1")
 
     @staticmethod
@@ -300,13 +301,13 @@ class Tables:
 
     async def _lock(
         self,
-        conn: Conn,
+        db: TableStore,
         table_id: str,
         command_id: str | None = None,
         player: str | None = None,
         actor: str | None = None,
     ) -> store.Locked:
-        locked = await store.lock_for_command(conn, table_id, command_id, player, actor)
+        locked = await db.lock_for_command(table_id, command_id, player, actor)
         if locked is None:
             raise Rejected("no_such_table", f"there is no table {table_id!r}")
         return locked

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from services.table import store
+from services.table import backfill
 from tests.table.conftest import Api, all_events
 
 
@@ -106,7 +106,7 @@ async def test_a_table_open_before_migration_009_gets_its_deadlines_from_its_sta
         " backfill = true WHERE table_id = $1",
         table_id,
     )
-    while await store.backfill_deadlines(db, 100):
+    while await backfill.fill_in(db, 100):
         pass
     assert await deadlines(db, table_id) == saved
     assert not await db.fetchval("SELECT backfill FROM deadlines WHERE table_id = $1", table_id)
