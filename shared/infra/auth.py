@@ -194,8 +194,8 @@ def _verified(key: _Key, token: str) -> Identity:
         raise AuthError(f"the token is not valid: {exc}") from exc
     except (ValueError, TypeError, OverflowError) as exc:  # claims PyJWT fails to read
         raise AuthError("the token is not valid: a claim has the wrong type") from exc
-    exp = claims["exp"]
-    if isinstance(exp, bool) or not isinstance(exp, int | float) or not math.isfinite(exp):
+    expires_at = _seconds(claims["exp"])
+    if expires_at is None:
         raise AuthError("the token is not valid: 'exp' is not a number of seconds")
     sub = claims["sub"]
     if not _printable(sub):
@@ -203,7 +203,19 @@ def _verified(key: _Key, token: str) -> Identity:
     name = claims.get("name")
     if name is not None and name != "" and not _printable(name):
         raise AuthError("the token is not valid: its name is not a short printable text")
-    return Identity(id=sub, name=name or sub, expires_at=float(exp))
+    return Identity(id=sub, name=name or sub, expires_at=expires_at)
+
+
+def _seconds(value: object) -> float | None:
+    """A claim's number of seconds as a finite float; None for anything else (a boolean, a
+    text, an infinity, or an integer too large for a float: JSON numbers have no bound)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) else None
 
 
 def _printable(value: object) -> bool:

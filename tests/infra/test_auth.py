@@ -87,6 +87,32 @@ def test_exp_must_be_a_number(exp: Any) -> None:
     refused(Verifier(SECRET), signed(claims(exp=exp)))
 
 
+EXTREMES = [10**400, -(10**400), 2**63, -(2**63) - 1, 2**1024, 1e308, -1e308, 0, -1]
+
+
+@pytest.mark.parametrize("claim", ["exp", "iat", "nbf"])
+@pytest.mark.parametrize("value", EXTREMES)
+def test_numeric_claims_at_their_extremes_are_accepted_or_refused_never_an_error(
+    claim: str, value: Any
+) -> None:
+    """A well-signed token whose exp, iat or nbf is any JSON number (an integer of 400
+    digits, past a float's range, negative) is an identity or an AuthError (401): never
+    another exception (a 500)."""
+    token = signed(claims(**{claim: value}))
+    try:
+        identity = Verifier(SECRET).verify(token)
+    except AuthError:
+        return
+    assert identity.expires_at is not None
+    assert identity.expires_at > time.time()  # only a future expiry is ever accepted
+
+
+def test_an_exp_of_400_digits_is_refused_as_not_a_number_of_seconds() -> None:
+    assert "'exp' is not a number of seconds" in refused(
+        Verifier(SECRET), signed(claims(exp=10**400))
+    )
+
+
 @pytest.mark.parametrize(
     "sub", [None, "", "   ", 7, ["ana"], "a\x00b", "a\nb", "x" * 257, "\ud800"]
 )

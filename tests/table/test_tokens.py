@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+import jwt
 import msgspec
 import pytest
 
@@ -134,3 +135,19 @@ async def test_control_characters_in_the_header_are_refused_never_a_500(api: Api
             assert_error(status, error, 401, "unauthorized", None)
         else:
             assert status == 400, (value, status, error)
+
+
+async def test_a_signed_token_with_an_exp_of_400_digits_is_401_on_http_and_the_socket(
+    api: Api,
+) -> None:
+    """A correctly signed token whose ``exp`` no float can hold: 401 on a route and on the
+    socket route, never a 500 (issue 31)."""
+    table_id, _, _ = await api.table_for_two()
+    claims = {"sub": "ana-400", "name": "Ana", "exp": 10**400}
+    token = jwt.encode(claims, api.settings.auth_secret, algorithm="HS256")
+    header = b"Authorization: Bearer " + token.encode()
+    status, error = await raw_request(api, "GET", f"/v1/tables/{table_id}".encode(), [header])
+    assert_error(status, error, 401, "unauthorized", None)
+    path = f"/v1/tables/{table_id}/ws?token={token}".encode()
+    status, error = await raw_request(api, "GET", path, UPGRADE)
+    assert_error(status, error, 401, "unauthorized", None)
