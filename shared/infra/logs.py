@@ -18,6 +18,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 LINES_PER_S = 10  # of one event at warning or above; the rest are counted, not written
@@ -68,6 +69,54 @@ class Throttle:
         if ok and dropped:
             record.suppressed = dropped
         return ok
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (a bad request line, header or chunk: an
+    ``HttpProcessingError``, answered 400 and closed) at ERROR with its traceback: log volume
+    an anonymous client controls, and no error of ours. This filter, on aiohttp's server
+    logger, writes it instead as one INFO line, ``request_malformed`` with the address and
+    the parser's reason and no traceback, at most once per ``every_s`` per address (the next
+    says how many were dropped: ``suppressed``). Every other record passes unchanged."""
+
+    def __init__(
+        self,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        addresses: int = 10_000,
+    ) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.clock = clock
+        self.addresses = addresses  # remembered at most; past it, forgotten all at once
+        self.last: dict[str, tuple[float, int]] = {}  # address: (last written, dropped since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite (or drop) a malformed request's record; pass every other."""
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        if not logging.getLogger().isEnabledFor(logging.INFO):
+            return False
+        address = str(record.args[0]) if isinstance(record.args, tuple) and record.args else "?"
+        now = self.clock()
+        written, dropped = self.last.get(address, (-self.every_s, 0))
+        if now - written < self.every_s:
+            self.last[address] = (written, dropped + 1)
+            return False
+        if len(self.last) >= self.addresses:
+            self.last.clear()
+        self.last[address] = (now, 0)
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.msg, record.args = "request_malformed", ()
+        record.exc_info, record.exc_text = None, None
+        record.fields = {
+            "remote": address,
+            "status": exc.code or 400,
+            "reason": str(exc.message)[:200],
+            **({"suppressed": dropped} if dropped else {}),
+        }
+        return True
 
 
 # Libraries chatty at INFO about what our own logs say better (one line per reconnection
@@ -122,6 +171,10 @@ def configure(log_format: str = "json", level: str = "info", service: str | None
     root.setLevel(level_no)
     for name in QUIET_AT_INFO:
         logging.getLogger(name).setLevel(max(level_no, logging.WARNING))
+    server = logging.getLogger("aiohttp.server")
+    for old_filter in [f for f in server.filters if isinstance(f, MalformedRequests)]:
+        server.removeFilter(old_filter)
+    server.addFilter(MalformedRequests())
     logging.captureWarnings(True)
     sys.excepthook = _log_uncaught
 
@@ -139,6 +192,7 @@ def _add_suppressed(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDi
     suppressed = getattr(record, "suppressed", None)
     if suppressed:
         event_dict["suppressed"] = suppressed
+    event_dict.update(getattr(record, "fields", None) or {})  # MalformedRequests' fields
     return event_dict
 
 
