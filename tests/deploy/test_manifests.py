@@ -861,3 +861,36 @@ def test_the_wheel_ships_the_migrations() -> None:
     assert any("*.sql" in patterns for patterns in package_data.values()), (
         'pyproject.toml needs [tool.setuptools.package-data] "*" = ["*.sql"]'
     )
+
+
+def test_prod_names_the_tokens_issuer_and_audience_and_refuses_others() -> None:
+    """Issue 31, part 6: production checks ``iss`` and ``aud``, so a token the site signed
+    for another of its services (same secret) is refused, and the site's own passes."""
+    import jwt
+
+    from shared.infra.auth import AuthError, Verifier
+
+    objs = rendered("prod")
+    data = _settings_of(objs, containers(named(objs, "Deployment", "gin-table"))[0])
+    chat = _settings_of(objs, containers(named(objs, "Deployment", "gin-chat"))[0])
+    names = ("GIN_AUTH_ISSUER", "GIN_AUTH_AUDIENCE")
+    assert [chat[n] for n in names] == [data[n] for n in names]  # both check tokens
+    issuer, audience = data["GIN_AUTH_ISSUER"], data["GIN_AUTH_AUDIENCE"]
+    assert issuer.startswith("https://")
+    assert audience
+    secret = "a-secret-of-more-than-32-bytes-for-the-test"
+    verifier = Verifier(secret, issuer=issuer, audience=audience)
+
+    def token(**claims: Any) -> str:
+        return jwt.encode({"sub": "ana", "exp": 2_000_000_000, **claims}, secret, "HS256")
+
+    assert verifier.verify(token(iss=issuer, aud=audience)).id == "ana"
+    assert verifier.verify(token(iss=issuer, aud=["chat-elsewhere", audience])).id == "ana"
+    for other in (
+        token(iss=issuer, aud="another-service"),
+        token(iss="https://elsewhere.example", aud=audience),
+        token(aud=audience),
+        token(iss=issuer),
+    ):
+        with pytest.raises(AuthError):
+            verifier.verify(other)
