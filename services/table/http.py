@@ -151,7 +151,9 @@ async def join_table(request: web.Request) -> web.Response:
 async def seat_bot(request: web.Request) -> web.Response:
     """``POST /v1/tables/{id}/bot``."""
     identity = identity_of(request)
+    assert identity is not None
     body = await body_of(request, SeatBot)
+    await limit(request, "joins", identity)  # a seating, as a join is: it locks the row
     return await _take_seat(
         request,
         identity,
@@ -252,6 +254,7 @@ async def put_preferences(request: web.Request) -> web.Response:
     identity = identity_of(request)
     assert identity is not None
     body = await body_of(request, Preferences)
+    await limit(request, "preferences", identity)
     async with request.app[POOL].acquire() as conn:
         await store.set_deck_design(conn, identity.id, body.deck_design)
     return web.json_response({"deck_design": body.deck_design})
@@ -284,6 +287,19 @@ async def _release_holds(app: web.Application) -> None:
     """At shutdown, answer the held refusals at once: they must not hold the drain."""
     if LIMITS in app:
         app[LIMITS].holds.release()
+
+
+# Each route that writes or takes a lock, and the per-identity limit it counts against
+# (``limit``; docs/DESIGN.md section 7 has the table). None: it writes nothing.
+# tests/table/test_limits.py walks docs/openapi.yaml against this table.
+WRITE_LIMITS: dict[tuple[str, str], str | None] = {
+    ("POST", "/v1/tables"): "tables",
+    ("POST", "/v1/tables/{id}/join"): "joins",
+    ("POST", "/v1/tables/{id}/bot"): "joins",
+    ("POST", "/v1/tables/{id}/commands"): "commands",  # rematch, resign, leave: commands too
+    ("PUT", "/v1/players/me/preferences"): "preferences",
+    ("POST", "/v1/dev/tokens"): None,  # development only: signs a token, writes nothing
+}
 
 
 def add_routes(app: web.Application, dev_tokens: bool) -> None:

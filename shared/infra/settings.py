@@ -70,6 +70,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_joins_window_s: float = 60.0
     rate_tables: int = 120
     rate_tables_window_s: float = 3600.0
+    rate_preferences: int = 30  # deck design changes (a transaction each)
+    rate_preferences_window_s: float = 60.0
     rate_sockets: int = 120
     rate_sockets_window_s: float = 60.0
     rate_refusals: int = 60  # commands refused for what they are (4xx): a spectator's, say

@@ -426,6 +426,7 @@ async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
         rate_joins_window_s=5.0,
         rate_sync_s=0.5,
         rate_refusals=9,
+        rate_preferences=4,
         rate_hold_interval_s=0.3,
         rate_hold_max_s=4.0,
         rate_holds_max=40,
@@ -435,6 +436,7 @@ async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
         "commands": Limit(7, 60.0),
         "joins": Limit(60, 5.0),
         "tables": Limit(120, 3600.0),
+        "preferences": Limit(4, 60.0),
         "sockets": Limit(120, 60.0),
         "refusals": Limit(9, 60.0),
     }

@@ -10,11 +10,14 @@ from typing import Any
 import aiohttp
 import asyncpg
 import msgspec
+import yaml
 from aiohttp.test_utils import TestClient
 
-from services.table.http import LIMITS
+from services.table.http import LIMITS, WRITE_LIMITS
+from shared.infra.ratelimit import RateLimiter
 from shared.infra.service import POOL
 from shared.infra.settings import Settings
+from tests.e2e.processes import ROOT
 from tests.table.conftest import Api, all_events, assert_error, open_api
 
 
@@ -369,3 +372,51 @@ async def test_refused_commands_have_a_limit_of_their_own_over_http_and_the_sock
             move = next(m for m in view["legal"] if m["type"] in PLAIN_MOVES)
             status, body = await api.command(table_id, [ana, bia][seat], **move)
             assert status == 200, body
+
+
+def test_every_writing_route_of_the_api_has_a_per_identity_limit() -> None:
+    """Issue 31, part 3: each route of docs/openapi.yaml that writes (POST, PUT, PATCH,
+    DELETE) is in the table service's ``WRITE_LIMITS`` with a limit the rate limiter knows,
+    or is the chat's message route (its own per-player rate, services/chat/rules.py); the
+    only route without one writes nothing."""
+    document = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
+    known = set(RateLimiter.from_settings(None, Settings()).limits)  # type: ignore[arg-type]
+    chat = {("POST", "/v1/tables/{id}/messages")}
+    writing = {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method in operations
+        if method in ("post", "put", "patch", "delete")
+    }
+    assert writing, "no writing route found: the document's shape changed"
+    missing = writing - set(WRITE_LIMITS) - chat
+    assert not missing, f"writing routes without a limit: {sorted(missing)}"
+    for route, action in WRITE_LIMITS.items():
+        assert route in writing, f"{route} is not in docs/openapi.yaml"
+        assert action is None or action in known, (route, action)
+    assert [r for r, a in WRITE_LIMITS.items() if a is None] == [("POST", "/v1/dev/tokens")]
+
+
+async def test_bot_seating_and_preferences_are_limited(settings: Settings) -> None:
+    s = limited(settings, rate_joins=1, rate_preferences=2, rate_preferences_window_s=60.0)
+    async with open_api(s) as api:
+        ana = api.token("Ana")
+        tables = [(await api.create(ana))["table_id"] for _ in range(2)]
+        status, body, _ = await answer(
+            api, "POST", f"/v1/tables/{tables[0]}/bot", ana, {"level": "tito"}
+        )
+        assert status == 200, body
+        status, body, headers = await answer(
+            api, "POST", f"/v1/tables/{tables[1]}/bot", ana, {"level": "tito"}
+        )
+        assert_error(status, body, 429, "rate_limited", None)
+        assert int(headers["Retry-After"]) >= 1
+        assert (await api.view(tables[1]))["status"] == "waiting"  # nothing changed
+        path = "/v1/players/me/preferences"
+        for design in ("classic", "azul"):
+            status, body, _ = await answer(api, "PUT", path, ana, {"deck_design": design})
+            assert status == 200, body
+        status, body, _ = await answer(api, "PUT", path, ana, {"deck_design": "classic"})
+        assert_error(status, body, 429, "rate_limited", None)
+        status, body, _ = await answer(api, "GET", path, ana, None)
+        assert body["deck_design"] == "azul"  # the refused change changed nothing
