@@ -37,6 +37,7 @@ from shared.infra.ops import REGISTRY
 from shared.infra.outbox import OutboxRelay
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
+from shared.infra.web import BODY_READ_S
 
 log = structlog.get_logger()
 SCHEMA = "gin_table"
@@ -59,6 +60,7 @@ def create_app(
     app = web.Application(middlewares=[refusals], client_max_size=settings.max_body_bytes)
     registry = CollectorRegistry()
     app[SETTINGS] = settings
+    app[BODY_READ_S] = settings.body_read_s
     app[REGISTRY] = registry
     app[METRICS] = CommandMetrics(registry)
     app[TABLES] = Tables(

@@ -47,6 +47,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     db_acquire_timeout_s: float = 2.0  # a request waits this long for a connection, then 503
     db_statement_timeout_s: float = 5.0  # PostgreSQL cancels a statement after this (503)
     max_body_bytes: int = 64 * 1024  # a larger request body answers 413
+    body_read_s: float = 10.0  # a request body not arrived whole by then answers 408
     ws_max_frame_bytes: int = 16 * 1024  # a larger WebSocket message closes the socket (1009)
     # Committed table rows a table replica remembers: a person's command at one of them is
     # applied to it and saved in one statement (0: every command locks and reads its row).

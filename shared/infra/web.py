@@ -6,6 +6,7 @@ nothing. Each service adds its own refusals (the engine's, say) through ``classi
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -26,6 +27,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Refusal = tuple[int, ErrorDetail, Mapping[str, str]]
 _json = msgspec.json.Encoder()
 AIOHTTP_CODES = {404: "no_such_route", 405: "method_not_allowed", 413: "body_too_large"}
+# How long a request's body may take to arrive whole (``GIN_BODY_READ_S``), set by each app:
+# a client that sends its headers and then the body never, or a byte a minute, would hold the
+# connection and its handler for as long as it liked.
+BODY_READ_S = web.AppKey("body_read_s", float)
+DEFAULT_BODY_READ_S = 10.0
+
+
+class BodyTooSlow(Exception):
+    """A request's body did not arrive whole within the app's ``BODY_READ_S``."""
+
+
 _TABLE_ID = re.compile(TABLE_ID_PATTERN)
 
 
@@ -129,6 +141,16 @@ def whole_number(text: str | None, name: str, default: int, low: int, high: int)
     return value
 
 
+async def _read_body(request: web.Request) -> None:
+    """Read the body now, under the app's deadline (the handlers read it from memory then)."""
+    seconds = request.app.get(BODY_READ_S, DEFAULT_BODY_READ_S)
+    try:
+        async with asyncio.timeout(seconds):
+            await request.read()
+    except TimeoutError:
+        raise BodyTooSlow(f"the request's body did not arrive whole within {seconds:g} s") from None
+
+
 def refusals(
     classify: Callable[[Exception], Refusal | None] = refusal_of,
     on_refused: Callable[[web.Request, int, ErrorDetail], None] | None = None,
@@ -142,7 +164,18 @@ def refusals(
         try:
             if "id" in request.match_info:
                 structlog.contextvars.bind_contextvars(table_id=table_id_of(request))
+            if request.can_read_body:
+                await _read_body(request)
             return await handler(request)
+        except BodyTooSlow as exc:  # 408, and the connection closed: it is the client's
+            response = error_response(408, ErrorDetail(code="request_timeout", message=str(exc)))
+            response.force_close()
+            # Sent now, then the connection closed: left to aiohttp, it would linger reading
+            # the rest of the body the client is not sending.
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()
+            return response
         except web.HTTPException as exc:  # aiohttp's own: no route, wrong method, too big
             if exc.status < 400:
                 raise

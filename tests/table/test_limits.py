@@ -400,7 +400,7 @@ def test_every_writing_route_of_the_api_has_a_per_identity_limit() -> None:
 async def test_bot_seating_and_preferences_are_limited(settings: Settings) -> None:
     s = limited(settings, rate_joins=1, rate_preferences=2, rate_preferences_window_s=60.0)
     async with open_api(s) as api:
-        ana = api.token("Ana")
+        ana = api.token("Ana", f"limited-{uuid.uuid4().hex}")  # a design of her own
         tables = [(await api.create(ana))["table_id"] for _ in range(2)]
         status, body, _ = await answer(
             api, "POST", f"/v1/tables/{tables[0]}/bot", ana, {"level": "tito"}
