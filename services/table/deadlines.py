@@ -47,18 +47,19 @@ def deadlines_of(
     right after the change that wrote ``envelopes``."""
     if status not in OPEN:
         return Deadlines()
-    moved = last_move_at if state is None else _at(state.last_move_at)
+    moved = last_move_at if state is None else at(state.last_move_at)
     if state is None or state.status != "playing" or state.hand is None:
         return Deadlines(expiry_since=moved, expiry_seq=seq)
     deciding = [e.seq for e in envelopes if e.type in DECIDING]
     return Deadlines(
         absence_seat=state.hand.to_act,
-        absence_since=_at(state.decision_since),
+        absence_since=at(state.decision_since),
         absence_seq=deciding[-1] if deciding else seq,
         expiry_since=moved,
         expiry_seq=seq,
     )
 
 
-def _at(timestamp: float) -> datetime:
+def at(timestamp: float) -> datetime:
+    """A clock reading (the engine's float seconds) as an aware UTC datetime."""
     return datetime.fromtimestamp(timestamp, UTC)

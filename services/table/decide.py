@@ -14,11 +14,11 @@ HTTP status (``services/table/http.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Literal
 
 import msgspec
 
+from services.table.deadlines import at
 from services.table.store import TableRow
 from shared.contracts import commands as c
 from shared.contracts.api import BotTurn
@@ -211,11 +211,6 @@ def bot_turn(row: TableRow, timing: Timing) -> BotTurn | None:
         version=row.version,
         view=view(row, seat, None, timing),
     )
-
-
-def at(timestamp: float) -> datetime:
-    """A clock reading as an aware UTC datetime."""
-    return datetime.fromtimestamp(timestamp, UTC)
 
 
 def _apply(

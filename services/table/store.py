@@ -202,7 +202,6 @@ def change_of(
     envelopes: list[Envelope],
     hands: list[HandEnded],
     bot_turn: BotTurn | None,
-    bot_turn_due_at: datetime | None,
 ) -> tuple[list[bytes], list[OutboxRow], list[tuple[int, bytes]]]:
     """What a change writes besides its row: each event as JSON, the outbox rows (the events
     to ``gin.events``, a bot's turn to ``gin.bots``) and the finished hands' records."""
@@ -211,7 +210,7 @@ def change_of(
         (EVENTS_EXCHANGE, table_event_key(table_id, e.type), body, str(e.id))
         for e, body in zip(envelopes, encoded, strict=True)
     ]
-    if bot_turn is not None and bot_turn_due_at is not None:
+    if bot_turn is not None:
         messages.append(bot_turn_row(bot_turn))
     return encoded, messages, [(h.hand, _json.encode(h)) for h in hands]
 

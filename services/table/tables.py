@@ -20,13 +20,13 @@ import msgspec
 from cachetools import LRUCache
 
 from services.table import store
+from services.table.deadlines import at
 from services.table.decide import (
     BOT_NAMES,
     Actor,
     Deal,
     Decision,
     Rejected,
-    at,
     bot_turn,
     check_sender,
     decide,
@@ -248,7 +248,7 @@ class Tables:
         row = decision.row
         due = None if decision.bot_turn is None else row.last_move_at + self.bot_resend_after
         encoded, outbox, hands = store.change_of(
-            row.table_id, decision.envelopes, decision.hands, decision.bot_turn, due
+            row.table_id, decision.envelopes, decision.hands, decision.bot_turn
         )
         return store.Change(
             row=row,

@@ -62,15 +62,21 @@ def _columns(kind: Kind) -> str:
     return "NULL::smallint AS seat, d.expiry_since AS since, d.expiry_seq AS seq"
 
 
+def _unfired_in(kind: Kind) -> str:
+    """FROM and WHERE of the deadlines of ``kind`` with their moment in ($1, $2] that were
+    not fired ($3: the kind)."""
+    return (
+        f"FROM {TIMER_DEADLINES} d WHERE d.{kind}_since > $1 AND d.{kind}_since <= $2"
+        " AND NOT EXISTS (SELECT FROM fired f WHERE f.table_id = d.table_id"
+        f" AND f.kind = $3 AND f.seq >= d.{kind}_seq)"
+    )
+
+
 async def due_in(conn: Conn, kind: Kind, look: Window, limit: int) -> list[Due]:
     """Up to ``limit`` deadlines of ``kind`` whose moment is in ``look`` and that were not
     fired, oldest first."""
     rows = await conn.fetch(
-        f"SELECT d.table_id, {_columns(kind)} FROM {TIMER_DEADLINES} d"
-        f" WHERE d.{kind}_since > $1 AND d.{kind}_since <= $2"
-        " AND NOT EXISTS (SELECT FROM fired f WHERE f.table_id = d.table_id"
-        f"  AND f.kind = $3 AND f.seq >= d.{kind}_seq)"
-        f" ORDER BY d.{kind}_since LIMIT $4",
+        f"SELECT d.table_id, {_columns(kind)} {_unfired_in(kind)} ORDER BY d.{kind}_since LIMIT $4",
         look.start,
         look.end,
         kind,
@@ -85,10 +91,7 @@ async def due_in(conn: Conn, kind: Kind, look: Window, limit: int) -> list[Due]:
 async def count_due(conn: Conn, kind: Kind, look: Window) -> int:
     """How many deadlines of ``kind`` are due in ``look`` and not fired."""
     count: int = await conn.fetchval(
-        f"SELECT count(*) FROM {TIMER_DEADLINES} d"
-        f" WHERE d.{kind}_since > $1 AND d.{kind}_since <= $2"
-        " AND NOT EXISTS (SELECT FROM fired f WHERE f.table_id = d.table_id"
-        f"  AND f.kind = $3 AND f.seq >= d.{kind}_seq)",
+        f"SELECT count(*) {_unfired_in(kind)}",
         look.start,
         look.end,
         kind,

@@ -69,7 +69,7 @@ def new_row() -> TableRow:
 def change(decision_row: TableRow, decision: Decision, command_id: str | None = None) -> Change:
     """What saving ``decision`` writes (the answer kept under ``command_id``, if given)."""
     encoded, outbox, hands = change_of(
-        decision_row.table_id, decision.envelopes, decision.hands, None, None
+        decision_row.table_id, decision.envelopes, decision.hands, None
     )
     made = Change(
         row=decision.row, envelopes=decision.envelopes, encoded=encoded, outbox=outbox, hands=hands
