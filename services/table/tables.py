@@ -5,8 +5,9 @@ transaction, or its in-memory twin) runs inside that transaction: it loads
 the table (its row locked), asks ``decide`` (pure: services/table/decide.py) what the command
 makes of it, and saves the change (state, events with gap-free seq, hand records, outbox rows,
 deadlines, the command's result) before the caller commits. ``command_at_once`` decides on
-the row this replica last committed and saves it in one statement, if still current. The
-clock is read once a command.
+the row this replica last committed and saves it in one statement, if still current. Each
+way reads the clock once, the locked way after the row's lock is taken: a command that waited
+behind another's commit is dated after it, so a table's events never go back in time.
 """
 
 from __future__ import annotations
