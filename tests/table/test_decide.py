@@ -38,9 +38,10 @@ class Deals:
         return list(range(52)), "salt", 0
 
 
-def waiting() -> TableRow:
-    row = TableRow(
-        table_id="t-1",
+def new_row(table_id: str = "t-1") -> TableRow:
+    """A table as created, before its first change: Ana's, waiting for an opponent."""
+    return TableRow(
+        table_id=table_id,
         invite_code="code",
         creator_id=ANA.id,
         options=TableOptions(),
@@ -52,7 +53,10 @@ def waiting() -> TableRow:
         created_at=T0,
         last_move_at=T0,
     )
-    return opened(row, timing(), None).row
+
+
+def waiting() -> TableRow:
+    return opened(new_row(), timing(), None).row
 
 
 def playing() -> TableRow:

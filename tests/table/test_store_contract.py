@@ -18,10 +18,10 @@ from services.table.port import InMemoryStore, PgStore, TableStore
 from services.table.store import Attempt, Change, TableRow, change_of
 from shared.contracts import commands as c
 from shared.contracts.events import Player
-from shared.contracts.options import TableOptions
 from shared.engine import Timing
 from shared.infra.auth import Identity
 from shared.infra.settings import Settings
+from tests.table.test_decide import new_row as blank_row
 
 T0 = datetime(2031, 3, 1, 12, 0, tzinfo=UTC)
 TIMING = Timing(T0.timestamp(), 48 * 3600.0, 7 * 86400.0)
@@ -51,19 +51,7 @@ async def db(request: pytest.FixtureRequest, settings: Settings) -> AsyncIterato
 
 
 def new_row() -> TableRow:
-    return TableRow(
-        table_id=f"c-{uuid.uuid4().hex[:10]}",
-        invite_code="code",
-        creator_id=ANA.id,
-        options=TableOptions(),
-        seats=[Player(id=ANA.id, name=ANA.name), None],
-        status="waiting",
-        state=None,
-        version=0,
-        seq=0,
-        created_at=T0,
-        last_move_at=T0,
-    )
+    return blank_row(f"c-{uuid.uuid4().hex[:10]}")
 
 
 def change(decision_row: TableRow, decision: Decision, command_id: str | None = None) -> Change:
