@@ -42,6 +42,7 @@ from services.table.clients import (
     queue_frame,
     write_frames,
 )
+from services.table.deflate import Deflater
 from services.table.feed import Feed, batch_heads
 from services.table.frames import ViewKey, event_frames
 from services.table.known import Known
@@ -93,6 +94,8 @@ class Hub:
         self.closing: set[asyncio.Task[None]] = set()
         # Of each watched table: its newest row and seq here, for new sockets' snapshots.
         self.known = Known(tables, self.clients)
+        # Frames compressed once for every socket that negotiated permessage-deflate.
+        self.deflater = Deflater()
         # Watched tables whose catch-up failed: the batch that told of their events is gone
         # (the queue is consumed without acks), so they are caught up from the log again.
         self.behind: set[str] = set()

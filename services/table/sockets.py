@@ -4,7 +4,9 @@ A socket is first refused if this replica is full (no file to spare, or ``GIN_MA
 held): it is opened only to be closed with 1013, since a browser is told nothing of an
 upgrade refused over HTTP. Otherwise the hub (``hub.py``) takes it, the client is queued
 its snapshot, and from then on every event with its view; the frames the client sends are
-commands, run as over HTTP, each answered on the socket with its result or error.
+commands, run as over HTTP, each answered on the socket with its result or error. A client
+that offers permessage-deflate is sent the frames the hub compressed once for all
+(``deflate.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from services.table.port import PgStore
 from shared.contracts.api import ErrorDetail, WsCommand, WsError
 from shared.infra.auth import AuthError, Identity
 from shared.infra.files import FileBudget
+from shared.infra.internals import SharedDeflateResponse
 from shared.infra.service import POOL, SETTINGS
 
 log = structlog.get_logger()
@@ -68,8 +71,12 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
             await tables.seating(PgStore(conn), table_id)  # 404 if there is none
     settings = request.app[SETTINGS]
     # Past max_msg_size aiohttp closes the socket with 1009 (CLOSE_MESSAGE_TOO_BIG).
-    ws = web.WebSocketResponse(
-        heartbeat=30.0, max_msg_size=settings.ws_max_frame_bytes, writer_limit=WRITER_LIMIT_BYTES
+    ws = SharedDeflateResponse(
+        deflate=hub.deflater.deflate,
+        compress=settings.ws_deflate,
+        heartbeat=30.0,
+        max_msg_size=settings.ws_max_frame_bytes,
+        writer_limit=WRITER_LIMIT_BYTES,
     )
     await ws.prepare(request)
     client = await hub.open(table_id, ws, identity, request.transport)
@@ -97,7 +104,7 @@ async def _refuse_socket(request: web.Request, reason: str) -> web.WebSocketResp
     """Open the socket only to close it with 1013 and a reason: a browser's WebSocket is
     told nothing of an upgrade refused over HTTP (a 503 is a 1006 to the page, as a
     network cut is). The close is bounded as every close is."""
-    ws = web.WebSocketResponse(timeout=CLOSE_TIMEOUT_S)
+    ws = web.WebSocketResponse(timeout=CLOSE_TIMEOUT_S, compress=False)
     await ws.prepare(request)  # a plain GET, not an upgrade, is refused with 400 here
     request.app[HUB].metrics.refused.labels(reason).inc()
     await ws.close(code=CLOSE_TRY_AGAIN_LATER, message=TRY_AGAIN_REASON.encode())

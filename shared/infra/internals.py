@@ -1,15 +1,17 @@
 """What leans on private internals of our libraries, in one place, with the versions it was
 tested on.
 
-Two speed-ups reach inside their libraries: ``FairPool`` overrides asyncpg's ``Pool._acquire``
-(and subclasses its ``PoolAcquireContext``, to see how an acquired block ended), and
+Speed-ups reach inside three libraries: ``FairPool`` overrides asyncpg's ``Pool._acquire``
+(and subclasses its ``PoolAcquireContext``, to see how an acquired block ended);
 ``publish_confirmed`` keeps aiormq's channel books (delivery tags, confirmations, the writer's
-queue) itself. Neither is a public API, so a new release may change them without
-notice. ``pyproject.toml`` bounds both libraries to ``TESTED`` (a test holds the two in step),
-and ``check_versions`` refuses to start a service on any other version, with one line naming
-the library, instead of failing later on a player's move. Moving to a new version: run
-``tests/infra/test_fair_pool.py`` and ``tests/infra/test_publish_confirmed.py`` against it,
-then widen both bounds together.
+queue) itself; ``SharedDeflateResponse`` overrides aiohttp's WebSocket handshake and writer,
+so that one compressed frame serves every table socket. None is a public API, so a new
+release may change them without notice. ``pyproject.toml`` bounds these libraries to
+``TESTED`` (a test holds the two in step), and ``check_versions`` refuses to start a service
+on any other version, with one line naming the library, instead of failing later on a
+player's move. Moving to a new version: run ``tests/infra/test_fair_pool.py``,
+``tests/infra/test_publish_confirmed.py`` and ``tests/table/test_deflate.py`` against it,
+then widen the bounds together.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ import aiormq
 import aiormq.abc
 import asyncpg
 import asyncpg.pool
+from aiohttp import WSMsgType, hdrs, web
+from aiohttp._websocket.writer import WebSocketWriter
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.client_exceptions import ClientConnectionResetError
+from aiohttp.web_request import BaseRequest
+from multidict import CIMultiDict
 from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
@@ -33,6 +41,7 @@ from pamqp.header import ContentHeader
 TESTED: dict[str, tuple[str, str]] = {
     "asyncpg": ("0.32", "0.33"),
     "aiormq": ("7.2", "7.3"),
+    "aiohttp": ("3.14", "3.15"),
 }
 
 
@@ -218,3 +227,81 @@ async def publish_confirmed(
             raise
         await written
     await asyncio.gather(*confirmations)
+
+
+# --- aiohttp ----------------------------------------------------------------------------------
+
+# The one answer the table gives an offer of permessage-deflate: no context taken over either
+# way (RFC 7692 7.1.1.1 and 7.1.1.2 let a server add both to any offer it accepts).
+SHARED_DEFLATE = "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
+
+
+class SharedDeflateResponse(web.WebSocketResponse):
+    """A WebSocket that, when its client offers permessage-deflate, negotiates no context
+    takeover either way and sends each data frame as ``deflate(frame, window_bits)`` gives
+    it: compressed bytes made once for every socket that sends the frame (None: plain).
+
+    aiohttp's own answer keeps the server's context, so each socket would hold a compressor
+    and compress every frame for itself. This overrides ``WebSocketResponse._handshake``
+    (its answer) and ``_pre_start`` (its writer); the reader is aiohttp's, which inflates
+    what the client compresses."""
+
+    def __init__(self, *, deflate: Callable[[bytes, int], bytes | None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._deflate = deflate
+
+    def _handshake(self, request: BaseRequest) -> tuple[CIMultiDict[str], str | None, int, bool]:
+        headers, protocol, window_bits, _ = super()._handshake(request)
+        if window_bits:  # accepted: a window below 15 is one the client asked the server for
+            answer = SHARED_DEFLATE
+            if window_bits < 15:
+                answer += f"; server_max_window_bits={window_bits}"
+            headers[hdrs.SEC_WEBSOCKET_EXTENSIONS] = answer
+        return headers, protocol, window_bits, True
+
+    def _pre_start(self, request: BaseRequest) -> tuple[str | None, WebSocketWriter]:
+        protocol, writer = super()._pre_start(request)
+        window_bits = writer.compress
+        if not window_bits:
+            return protocol, writer
+        deflate = self._deflate
+        shared = _SharedDeflateWriter(
+            writer.protocol,
+            writer.transport,
+            limit=writer._limit,
+            deflate=lambda frame: deflate(frame, window_bits),
+        )
+        return protocol, shared
+
+
+class _SharedDeflateWriter(WebSocketWriter):
+    """aiohttp's writer with no compressor of its own: a data frame is written compressed
+    (RSV1 set) when ``deflate`` gives its bytes, else plain; control frames as ever."""
+
+    def __init__(
+        self,
+        protocol: BaseProtocol,
+        transport: asyncio.Transport,
+        *,
+        limit: int,
+        deflate: Callable[[bytes], bytes | None],
+    ) -> None:
+        super().__init__(protocol, transport, limit=limit)  # compress=0: never its own
+        self._deflate_frame = deflate
+
+    async def send_frame(self, message: bytes, opcode: int, compress: int | None = None) -> None:
+        payload = self._deflate_frame(message) if opcode < WSMsgType.CLOSE else None
+        if payload is None:
+            await super().send_frame(message, opcode)
+            return
+        if self._closing:
+            raise ClientConnectionResetError("Cannot write to closing transport")
+        self._write_websocket_frame(payload, opcode, _RSV1)
+        # The flow control of WebSocketWriter.send_frame: wait for the transport past the limit.
+        if self._output_size > self._limit:
+            self._output_size = 0
+            if self.protocol._paused:
+                await self.protocol._drain_helper()
+
+
+_RSV1 = 0x40  # a compressed message (RFC 7692 6)

@@ -48,7 +48,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     db_statement_timeout_s: float = 5.0  # PostgreSQL cancels a statement after this (503)
     max_body_bytes: int = 64 * 1024  # a larger request body answers 413
     body_read_s: float = 10.0  # a request body not arrived whole by then answers 408
+    head_read_s: float = 10.0  # a request's headers not arrived whole by then answer 408
     ws_max_frame_bytes: int = 16 * 1024  # a larger WebSocket message closes the socket (1009)
+    # Accept permessage-deflate on table sockets (frames compressed once for all: deflate.py).
+    ws_deflate: bool = True
     # Committed table rows a table replica remembers: a person's command at one of them is
     # applied to it and saved in one statement (0: every command locks and reads its row).
     table_rows_kept: int = 20_000
