@@ -28,11 +28,12 @@ from services.table.http import (
 )
 from services.table.store import Change
 from services.table.tables import Shuffle, Tables, secure_shuffle
-from services.table.ws import FILES, HUB, Hub, add_socket_route
+from services.table.ws import FILES, HUB, MEMORY, Hub, add_socket_route
 from shared.contracts.names import SOCKETS_EXCHANGE
 from shared.infra import service
 from shared.infra.consumer import ConsumerMetrics
 from shared.infra.files import FileBudget
+from shared.infra.memory import MemoryBudget
 from shared.infra.ops import REGISTRY
 from shared.infra.outbox import OutboxRelay
 from shared.infra.service import BROKER, POOL, SETTINGS
@@ -75,6 +76,7 @@ def create_app(
     app[COMMITTED] = lambda change: _committed(app, change)
     # Under the limit as the process has it now (``service.main`` raised it first).
     app[FILES] = FileBudget.of_process(settings.files_reserve)
+    app[MEMORY] = MemoryBudget.of_process(settings.memory_limit_bytes, settings.memory_full_share)
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(_group_commit)
     app.cleanup_ctx.append(_broker)

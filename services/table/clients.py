@@ -27,7 +27,8 @@ log = structlog.get_logger()
 # The close codes of the table socket (documented in docs/openapi.yaml and asyncapi.yaml).
 CLOSE_GOING_AWAY = int(WSCloseCode.GOING_AWAY)  # 1001: this replica stops; reconnect elsewhere
 CLOSE_MESSAGE_TOO_BIG = int(WSCloseCode.MESSAGE_TOO_BIG)  # 1009: aiohttp's, past max_msg_size
-# 1013: the replica is full (no file to spare, or GIN_MAX_SOCKETS held); reconnect in a while.
+# 1013: the replica is full (no file to spare, GIN_MAX_SOCKETS held, or its memory near its
+# limit); reconnect in a while.
 CLOSE_TRY_AGAIN_LATER = int(WSCloseCode.TRY_AGAIN_LATER)
 CLOSE_TOKEN_EXPIRED = 4001  # the token's exp (plus the leeway) passed: reconnect with a new one
 CLOSE_TOO_SLOW = 4008  # the client fell past its send queue: reconnect and resume by seq
@@ -95,7 +96,8 @@ class SocketMetrics:
             "gin_websockets_refused",
             f"New WebSockets closed at once with {CLOSE_TRY_AGAIN_LATER}: reason files, the"
             " process had more files open (process_open_fds) than its limit (process_max_fds)"
-            " less GIN_FILES_RESERVE; reason sockets, the replica held GIN_MAX_SOCKETS",
+            " less GIN_FILES_RESERVE; reason sockets, the replica held GIN_MAX_SOCKETS;"
+            " reason memory, its memory in use passed GIN_MEMORY_FULL_SHARE of its limit",
             ["reason"],
             registry=registry,
         )

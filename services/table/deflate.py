@@ -71,4 +71,3 @@ def compress(frame: bytes, window_bits: int = WINDOW_BITS) -> bytes:
     compressor = zlib.compressobj(LEVEL, zlib.DEFLATED, -window_bits, MEM_LEVEL)
     data = compressor.compress(frame) + compressor.flush(zlib.Z_SYNC_FLUSH)
     return data.removesuffix(b"\x00\x00\xff\xff")
-

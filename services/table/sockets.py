@@ -1,12 +1,12 @@
 """The table WebSocket's route, ``GET /v1/tables/{id}/ws``: open a socket, snapshot, read.
 
-A socket is first refused if this replica is full (no file to spare, or ``GIN_MAX_SOCKETS``
-held): it is opened only to be closed with 1013, since a browser is told nothing of an
-upgrade refused over HTTP. Otherwise the hub (``hub.py``) takes it, the client is queued
-its snapshot, and from then on every event with its view; the frames the client sends are
-commands, run as over HTTP, each answered on the socket with its result or error. A client
-that offers permessage-deflate is sent the frames the hub compressed once for all
-(``deflate.py``).
+A socket is first refused if this replica is full (no file to spare, ``GIN_MAX_SOCKETS``
+held, or its memory near its limit): it is opened only to be closed with 1013, since a
+browser is told nothing of an upgrade refused over HTTP. Otherwise the hub (``hub.py``)
+takes it, the client is queued its snapshot, and from then on every event with its view;
+the frames the client sends are commands, run as over HTTP, each answered on the socket with
+its result or error. A client that offers permessage-deflate is sent the frames the hub
+compressed once for all (``deflate.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from shared.contracts.api import ErrorDetail, WsCommand, WsError
 from shared.infra.auth import AuthError, Identity
 from shared.infra.files import FileBudget
 from shared.infra.internals import SharedDeflateResponse
+from shared.infra.memory import MemoryBudget
 from shared.infra.service import POOL, SETTINGS
 
 log = structlog.get_logger()
@@ -44,6 +45,7 @@ _json = msgspec.json.Encoder()
 _ws_command = msgspec.json.Decoder(WsCommand)
 
 FILES = web.AppKey("files", FileBudget)
+MEMORY = web.AppKey("memory", MemoryBudget)
 
 
 def closes_at(identity: Identity | None, leeway_s: float) -> float | None:
@@ -92,11 +94,14 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
 
 
 def _full(request: web.Request) -> str | None:
-    """Why this replica takes no more sockets ("files", "sockets"), or None if it does."""
+    """Why this replica takes no more sockets ("files", "sockets", "memory"), or None if it
+    does."""
     if not request.app[FILES].admits():
         return "files"
     if request.app[HUB].sockets >= request.app[SETTINGS].max_sockets:
         return "sockets"
+    if not request.app[MEMORY].admits():
+        return "memory"
     return None
 
 

@@ -41,7 +41,7 @@ from services.table.clients import (
 )
 from services.table.frames import event_frame
 from services.table.hub import HUB, Hub
-from services.table.sockets import FILES, add_socket_route, table_socket
+from services.table.sockets import FILES, MEMORY, add_socket_route, table_socket
 
 __all__ = [
     "CLOSE_GOING_AWAY",
@@ -53,6 +53,7 @@ __all__ = [
     "FILES",
     "GOING_AWAY_REASON",
     "HUB",
+    "MEMORY",
     "TOKEN_EXPIRED_REASON",
     "TOO_SLOW_REASON",
     "TRY_AGAIN_REASON",

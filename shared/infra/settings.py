@@ -67,6 +67,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # before its files: keep it under the replica's memory limit over a socket's measured cost
     # (deploy/README.md, "How many matches"), and over the autoscaler's socket target.
     max_sockets: int = 18_000
+    # And none while the memory in use passes this share of the limit: GIN_MEMORY_LIMIT_BYTES,
+    # or when 0 the container's (shared/infra/memory.py); the next is closed with 1013.
+    memory_limit_bytes: int = 0
+    memory_full_share: float = 0.85
     # Per-identity limits, valid across replicas: so many per window (seconds), then 429.
     rate_commands: int = 600
     rate_commands_window_s: float = 60.0

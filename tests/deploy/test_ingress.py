@@ -78,3 +78,27 @@ def test_the_table_service_is_reached_by_table_affinity() -> None:
         i for i in of_kind(rendered("prod"), "Ingress") if i["metadata"]["name"] == "gin-table"
     ]
     assert table["metadata"]["annotations"]["nginx.ingress.kubernetes.io/upstream-hash-by"]
+
+
+def test_sockets_are_limited_per_address_apart_and_keep_table_affinity() -> None:
+    """Issue 31, part 5: a spectator's socket carries no token, so only its address bounds
+    it: the socket route has an Ingress of its own, whose limits count sockets held and
+    opened per address, apart from plain requests."""
+    ingresses = of_kind(rendered("prod"), "Ingress")
+    path = f"/v1/tables/{SAMPLE_ID}/ws"
+    assert backend(ingresses, path) == "gin-table"
+    holding = [
+        ing
+        for ing in ingresses
+        for rule in ing["spec"]["rules"]
+        for p in rule["http"]["paths"]
+        if re.fullmatch(p["path"].rstrip("$"), path)
+    ]
+    (sockets,) = holding
+    annotations = sockets["metadata"]["annotations"]
+    prefix = "nginx.ingress.kubernetes.io/"
+    held = int(annotations[prefix + "limit-connections"])
+    assert 0 < held <= 100
+    assert 0 < int(annotations[prefix + "limit-rps"]) < held
+    assert annotations[prefix + "upstream-hash-by"] == "$gin_table"
+    assert int(annotations[prefix + "proxy-read-timeout"]) >= 60  # past the 30 s heartbeat
