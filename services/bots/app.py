@@ -13,6 +13,7 @@ from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, SETTINGS
 from shared.infra.settings import Settings
+from shared.infra.web import HEAD_READ_S
 
 PREFETCH = 8
 
@@ -27,6 +28,7 @@ def create_app(
         strategies = STRATEGIES
     app = web.Application()
     app[SETTINGS] = settings
+    app[HEAD_READ_S] = settings.head_read_s
     registry = CollectorRegistry()
     app[REGISTRY] = registry
     worker = BotWorker(

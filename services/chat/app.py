@@ -19,7 +19,7 @@ from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
-from shared.infra.web import BODY_READ_S
+from shared.infra.web import BODY_READ_S, HEAD_READ_S
 
 SCHEMA = "gin_chat"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -36,6 +36,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[BODY_READ_S] = settings.body_read_s
+    app[HEAD_READ_S] = settings.head_read_s
     app[REGISTRY] = registry
     app[METRICS] = ChatMetrics(registry)
     app[CHAT] = Chat(clock)

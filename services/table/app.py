@@ -38,7 +38,7 @@ from shared.infra.ops import REGISTRY
 from shared.infra.outbox import OutboxRelay
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
-from shared.infra.web import BODY_READ_S
+from shared.infra.web import BODY_READ_S, HEAD_READ_S
 
 log = structlog.get_logger()
 SCHEMA = "gin_table"
@@ -62,6 +62,7 @@ def create_app(
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[BODY_READ_S] = settings.body_read_s
+    app[HEAD_READ_S] = settings.head_read_s
     app[REGISTRY] = registry
     app[METRICS] = CommandMetrics(registry)
     app[TABLES] = Tables(
@@ -147,6 +148,7 @@ def create_relay_app(settings: Settings) -> web.Application:
     may run: one publishes at a time (the advisory lock), the other takes over."""
     app = web.Application()
     app[SETTINGS] = settings
+    app[HEAD_READ_S] = settings.head_read_s
     app[REGISTRY] = CollectorRegistry()
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(_relay_only)

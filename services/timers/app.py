@@ -18,6 +18,7 @@ from shared.infra import service
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
+from shared.infra.web import HEAD_READ_S
 
 SCHEMA = "gin_timers"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -36,6 +37,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     app = web.Application()
     registry = CollectorRegistry()
     app[SETTINGS] = settings
+    app[HEAD_READ_S] = settings.head_read_s
     app[CLOCK] = clock
     app[REGISTRY] = registry
     app[METRICS] = TimerMetrics(registry)

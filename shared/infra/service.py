@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobust
 from aiohttp import web
 from prometheus_client import Histogram
 
-from shared.infra import amqp, db, files
+from shared.infra import amqp, db, files, serving
 from shared.infra.auth import UnsafeTokenSettings, check_token_settings
 from shared.infra.consumer import transient
 from shared.infra.internals import UntestedVersion, check_versions
@@ -315,13 +315,12 @@ def main(
     files.raise_limit()  # before the app: it may read the limit (the table's FileBudget)
     app = create_app(settings)
     app.on_startup.append(_freeze_heap)
-    web.run_app(
+    serving.run(
         app,
         host=settings.http_host,
         port=settings.http_port,
-        shutdown_timeout=settings.shutdown_grace_s,
         backlog=settings.http_backlog,
-        print=None,
+        shutdown_timeout=settings.shutdown_grace_s,
         access_log=logging.getLogger("aiohttp.access") if settings.access_log else None,
     )
 

@@ -32,6 +32,10 @@ AIOHTTP_CODES = {404: "no_such_route", 405: "method_not_allowed", 413: "body_too
 # connection and its handler for as long as it liked.
 BODY_READ_S = web.AppKey("body_read_s", float)
 DEFAULT_BODY_READ_S = 10.0
+# How long a request's head (request line and headers) may take to arrive whole
+# (``GIN_HEAD_READ_S``), read by ``serving.Runner``: 408 past it, as for a body.
+HEAD_READ_S = web.AppKey("head_read_s", float)
+DEFAULT_HEAD_READ_S = 10.0
 
 
 class BodyTooSlow(Exception):
