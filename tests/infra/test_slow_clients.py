@@ -303,7 +303,7 @@ async def test_a_service_process_answers_a_head_past_its_deadline_with_408(
 ) -> None:
     """``service.main`` serves through the runner with the head deadline: the bot worker as a
     process, ``GIN_HEAD_READ_S=0.5`` (on a broker prefix of its own), a request line sent
-    and nothing more; then SIGTERM, and a clean exit."""
+    and nothing more; then SIGTERM, and a clean exit with nothing logged as an error."""
     own = msgspec.structs.replace(settings, prefix=f"{settings.prefix}head.")
     log = tmp_path / "bots.log"
     worker = Service("services.bots", own, log_to=log, GIN_HEAD_READ_S=str(HEAD_DEADLINE_S))
@@ -315,6 +315,10 @@ async def test_a_service_process_answers_a_head_past_its_deadline_with_408(
         await a_request_line_and_then_nothing(("127.0.0.1", worker.port))
         worker.terminate()
         assert await asyncio.to_thread(worker.proc.wait, 30) == 0, log.read_text()[-3000:]
+        lines = log.read_text(errors="replace").splitlines()
+        levels = {msgspec.json.decode(line).get("level") for line in lines if line[:1] == "{"}
+        assert not levels & {"error", "critical"}, lines
+        assert not any("Traceback" in line for line in lines), lines
     finally:
         worker.stop()
         connection_ = await aio_pika.connect(own.amqp_url)
