@@ -286,8 +286,8 @@ OPS: tuple[Op, ...] = (
                         (
                             ws.CLOSE_TRY_AGAIN_LATER,
                             "At once, before the snapshot: the replica has no room for another"
-                            " socket (its open files, or GIN_MAX_SOCKETS). Reconnect in a few"
-                            " seconds.",
+                            " socket (its open files, GIN_MAX_SOCKETS, or its memory near its"
+                            " limit). Reconnect in a few seconds.",
                         ),
                         (ws.CLOSE_TOKEN_EXPIRED, "The token expired: reconnect with a new one."),
                         (ws.CLOSE_TOO_SLOW, "The client fell behind: resume by seq."),

@@ -5,13 +5,15 @@ Speed-ups reach inside three libraries: ``FairPool`` overrides asyncpg's ``Pool.
 (and subclasses its ``PoolAcquireContext``, to see how an acquired block ended);
 ``publish_confirmed`` keeps aiormq's channel books (delivery tags, confirmations, the writer's
 queue) itself; ``SharedDeflateResponse`` overrides aiohttp's WebSocket handshake and writer,
-so that one compressed frame serves every table socket. None is a public API, so a new
-release may change them without notice. ``pyproject.toml`` bounds these libraries to
+so that one compressed frame serves every table socket; and ``shared/infra/serving.py``'s
+``HeadDeadline``, the one part kept apart, overrides aiohttp's request handler so that a
+request's head is read under a deadline. None is a public API, so a new release may change
+them without notice. ``pyproject.toml`` bounds these libraries to
 ``TESTED`` (a test holds the two in step), and ``check_versions`` refuses to start a service
 on any other version, with one line naming the library, instead of failing later on a
 player's move. Moving to a new version: run ``tests/infra/test_fair_pool.py``,
-``tests/infra/test_publish_confirmed.py`` and ``tests/table/test_deflate.py`` against it,
-then widen the bounds together.
+``tests/infra/test_publish_confirmed.py``, ``tests/table/test_deflate.py`` and
+``tests/infra/test_slow_clients.py`` against it, then widen the bounds together.
 """
 
 from __future__ import annotations

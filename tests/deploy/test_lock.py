@@ -65,8 +65,8 @@ def test_make_check_runs_the_agreement_check_offline_and_fast() -> None:
 def test_a_changed_bound_disagrees(copies: tuple[Path, Path, Path]) -> None:
     pyproject, service, dev = copies
     text = pyproject.read_text()
-    assert '"aiohttp>=3.11,<4"' in text
-    pyproject.write_text(text.replace('"aiohttp>=3.11,<4"', '"aiohttp>=3.11,<3.12"'))
+    assert '"aiohttp>=3.14,<3.15"' in text
+    pyproject.write_text(text.replace('"aiohttp>=3.14,<3.15"', '"aiohttp>=3.13,<3.14"'))
     problems = lock.disagreements(pyproject, service, dev)
     assert any("service.txt pins aiohttp" in p and "outside" in p for p in problems), problems
     assert any("dev.txt pins aiohttp" in p for p in problems), problems
@@ -88,8 +88,8 @@ def test_comments_and_order_in_pyproject_do_not_matter(copies: tuple[Path, Path,
     pyproject, service, dev = copies
     text = pyproject.read_text()
     moved = text.replace('    "uvloop>=0.19,<1",\n', "").replace(
-        '    "aiohttp>=3.11,<4",\n',
-        '    "aiohttp>=3.11,<4",  # a comment\n    "uvloop>=0.19,<1",\n',
+        '    "aiohttp>=3.14,<3.15",\n',
+        '    "aiohttp>=3.14,<3.15",  # a comment\n    "uvloop>=0.19,<1",\n',
     )
     assert moved != text
     pyproject.write_text(moved)
