@@ -104,6 +104,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # an event waits this long at most for it (deploy/README.md, "Capacity").
     relay_linger_s: float = 0.02
     outbox_retention_s: float = 86400.0  # published outbox rows are kept this long (replays)
+    # A season of data (issue 32): each replica's maintenance task runs every this often (one
+    # at a time across replicas), in transactions of at most this many rows.
+    maintenance_every_s: float = 300.0
+    maintenance_batch: int = 1000
+    command_retention_s: float = 86400.0  # stored command answers are kept this long (retries)
+    # A finished, closed or expired table is archived this long after its last move, to
+    # archive_url (file:///dir or s3://bucket/prefix; empty: nothing is archived).
+    archive_after_s: float = 180 * 86400.0
+    archive_url: str = ""
     timer_poll_s: float = 1.0  # the timer service looks for due deadlines at least this often
     timer_batch: int = 100  # due deadlines taken per transaction
     timer_retry_s: float = 600.0  # an expiry the table has not reported yet is sent again after
