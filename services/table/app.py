@@ -26,6 +26,7 @@ from services.table.http import (
     add_routes,
     refusals,
 )
+from services.table.maintenance import Maintenance
 from services.table.store import Change
 from services.table.tables import Shuffle, Tables, secure_shuffle
 from services.table.ws import FILES, HUB, MEMORY, Hub, add_socket_route
@@ -44,6 +45,7 @@ log = structlog.get_logger()
 SCHEMA = "gin_table"
 MIGRATIONS = Path(__file__).parent / "migrations"
 RELAY = web.AppKey("relay", OutboxRelay)
+MAINTENANCE = web.AppKey("maintenance", Maintenance)
 
 
 async def migrate(settings: Settings) -> None:
@@ -81,6 +83,7 @@ def create_app(
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(_group_commit)
     app.cleanup_ctx.append(_broker)
+    app.cleanup_ctx.append(lambda app: _maintenance(app, clock))
     app.on_shutdown.append(_close_sockets)
     add_routes(app, settings.dev_tokens)
     add_socket_route(app)
@@ -137,6 +140,16 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     await hub.stop()
     await app[RELAY].close()
     await app[BROKER].close()
+
+
+async def _maintenance(app: web.Application, clock: Callable[[], float]) -> AsyncIterator[None]:
+    """The maintenance task (``maintenance.py``: the event log's months made ahead, old
+    command answers deleted): every replica runs it, one at a time holds its lock and works.
+    The replicas, not the relay's process: they always run, and with the service's clock."""
+    app[MAINTENANCE] = Maintenance(app[POOL], app[SETTINGS], app[REGISTRY], clock, SCHEMA)
+    task = asyncio.create_task(app[MAINTENANCE].run(), name="maintenance")
+    yield
+    await service.cancel(task)
 
 
 def create_relay_app(settings: Settings) -> web.Application:

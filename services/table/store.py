@@ -240,6 +240,9 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
 # transaction), a commit elsewhere since makes a change write nothing and the caller takes
 # the locked way; under the row's lock (``save_change``) it is always current.
 # Outbox rows keep their order (ordinality): the relay publishes a table's events by id.
+# Each event's ``at`` (its month's partition of the log) is its occurred_at, and a command's
+# answer is kept from the move's time (``answered_at``, for the maintenance task): both the
+# service's clock, as the move's own times are.
 _SAVE_IF_CURRENT = """
 WITH x AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[],
@@ -259,32 +262,32 @@ WITH x AS (
             AND c.actor = x.actor AND c.command_id = x.command_id)
     RETURNING t.table_id
 ), logged AS (
-    INSERT INTO events (table_id, seq, type, envelope)
-    SELECT e.table_id, e.seq, e.type, e.envelope::jsonb
-    FROM unnest($15::text[], $16::bigint[], $17::text[], $18::text[])
-        AS e(table_id, seq, type, envelope)
+    INSERT INTO events (table_id, seq, type, envelope, at)
+    SELECT e.table_id, e.seq, e.type, e.envelope::jsonb, e.at
+    FROM unnest($15::text[], $16::bigint[], $17::text[], $18::text[], $19::timestamptz[])
+        AS e(table_id, seq, type, envelope, at)
     WHERE e.table_id IN (SELECT table_id FROM moved)
 ), queued AS (
     INSERT INTO outbox (exchange, routing_key, body, message_id)
     SELECT o.exchange, o.routing_key, o.body, o.message_id
-    FROM unnest($19::text[], $20::text[], $21::text[], $22::bytea[], $23::text[])
+    FROM unnest($20::text[], $21::text[], $22::text[], $23::bytea[], $24::text[])
         WITH ORDINALITY AS o(table_id, exchange, routing_key, body, message_id, n)
     WHERE o.table_id IN (SELECT table_id FROM moved)
     ORDER BY o.n
 ), answered AS (
-    INSERT INTO commands (table_id, command_id, actor, result)
-    SELECT x.table_id, x.command_id, x.actor, x.result
+    INSERT INTO commands (table_id, command_id, actor, result, answered_at)
+    SELECT x.table_id, x.command_id, x.actor, x.result, x.last_move_at
     FROM x WHERE x.command_id IS NOT NULL AND x.table_id IN (SELECT table_id FROM moved)
 ), ended AS (
     INSERT INTO hands (table_id, hand, record)
     SELECT h.table_id, h.hand, h.record::jsonb
-    FROM unnest($24::text[], $25::int[], $26::text[]) AS h(table_id, hand, record)
+    FROM unnest($25::text[], $26::int[], $27::text[]) AS h(table_id, hand, record)
     WHERE h.table_id IN (SELECT table_id FROM moved)
 ), timed AS (
     INSERT INTO deadlines AS d (table_id, absence_seat, absence_since, absence_seq,
         expiry_since, expiry_seq)
-    SELECT * FROM unnest($27::text[], $28::smallint[], $29::timestamptz[], $30::bigint[],
-        $31::timestamptz[], $32::bigint[])
+    SELECT * FROM unnest($28::text[], $29::smallint[], $30::timestamptz[], $31::bigint[],
+        $32::timestamptz[], $33::bigint[])
         AS t(table_id, absence_seat, absence_since, absence_seq, expiry_since, expiry_seq)
     WHERE t.table_id IN (SELECT table_id FROM moved)
     ON CONFLICT (table_id) DO UPDATE SET
@@ -343,7 +346,7 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
             )
         )
         events += (
-            (table_id, e.seq, e.type, body.decode())
+            (table_id, e.seq, e.type, body.decode(), e.occurred_at)
             for e, body in zip(change.envelopes, change.encoded, strict=True)
         )
         outbox += ((table_id, *message) for message in change.outbox)
@@ -352,7 +355,7 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
         timers.append((table_id, *msgspec.structs.astuple(due)))
     columns = (
         *_columns(moves, 14),
-        *_columns(events, 4),
+        *_columns(events, 5),
         *_columns(outbox, 5),
         *_columns(hands, 3),
         *_columns(timers, 6),
@@ -389,14 +392,21 @@ async def set_bot_turn_due(conn: Conn, table_ids: list[str], due: list[datetime 
     )
 
 
+# The months of the event log (migration 011) a table's events may be in: none before the
+# month of its creation, less this margin for the clocks of the replicas that moved it
+# (each event's ``at`` is its replica's clock). Without its table's row, every month.
+_EVENTS_AFTER = """
+SELECT envelope::text FROM events WHERE table_id = $1 AND seq > $2
+    AND at >= coalesce((SELECT created_at FROM tables WHERE table_id = $1), '-infinity')
+        - interval '1 day'
+ORDER BY seq LIMIT $3
+"""
+
+
 async def events_after(conn: Conn, table_id: str, after: int, limit: int) -> list[str]:
-    """The JSON envelopes of a table with seq > after, in order."""
-    rows = await conn.fetch(
-        "SELECT envelope::text FROM events WHERE table_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-        table_id,
-        after,
-        limit,
-    )
+    """The JSON envelopes of a table with seq > after, in order (only the months of the
+    event log from the table's creation on are read)."""
+    rows = await conn.fetch(_EVENTS_AFTER, table_id, after, limit)
     return [r[0] for r in rows]
 
 

@@ -1,0 +1,258 @@
+"""The table service's data kept to a season (issue 32): a maintenance task per replica.
+
+Every ``maintenance_every_s`` (and once at start) each replica tries to take a PostgreSQL
+advisory lock; the one that holds it runs the steps, one after the other, and lets it go:
+one replica at a time, and a replica that dies mid-run frees it with its session. Steps:
+
+- ``partitions``: the event log's monthly partitions (migration 011) for the service clock's
+  month and the next ``MONTHS_AHEAD``, each made beside the log and attached to it (ATTACH
+  PARTITION takes SHARE UPDATE EXCLUSIVE on ``events``: moves go on), with the rows of its
+  month that fell into ``events_default`` meanwhile moved into it first.
+- ``command_answers``: the stored answers given ``command_retention_s`` ago or earlier (by the
+  service's clock, as the move path writes them), ``maintenance_batch`` rows a transaction,
+  a pause between transactions. A batch locks only its own rows (those another transaction
+  holds are skipped) and waits ``LOCK_TIMEOUT_MS`` at most for anything: one that would wait
+  longer gives way, and the next run goes on.
+
+Another step (the archive of finished tables) is a name and an ``async (conn, now) -> int``
+added to ``steps``: it runs with the lock held, on the run's connection or any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from shared.infra.db import Conn
+from shared.infra.settings import Settings
+
+log = structlog.get_logger()
+
+MONTHS_AHEAD = 2  # besides the current month
+LOCK_TIMEOUT_MS = 100  # the most a maintenance statement waits for a lock, then gives way
+PAUSE_S = 0.02  # between two batches: the moves' statements come first
+LOCK_NOT_AVAILABLE = "55P03"
+ERROR_BACKOFF_S = 5.0
+
+# A step: what it did (rows deleted, partitions made, ...), given the run's connection (the
+# one holding the lock) and the service clock's now.
+Step = Callable[[Conn, datetime], Awaitable[int]]
+
+
+class MaintenanceMetrics:
+    """What the maintenance task reports on /metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.done = Counter(
+            "gin_maintenance_items",
+            "What each maintenance step did: command answers deleted, partitions made",
+            ["step"],
+            registry=registry,
+        )
+        self.gave_way = Counter(
+            "gin_maintenance_gave_way",
+            "Maintenance transactions that gave way to a lock held elsewhere (tried next run)",
+            ["step"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "gin_maintenance_run_seconds",
+            "How long each maintenance run took (this replica's, with the lock held)",
+            registry=registry,
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+        )
+        self.last_success = Gauge(
+            "gin_maintenance_last_success_timestamp_seconds",
+            "When this replica last finished a maintenance run (Unix time, service clock)",
+            registry=registry,
+        )
+
+
+class GaveWay(Exception):
+    """A step met a lock it will not wait for: what it did so far, the rest next run."""
+
+    def __init__(self, done: int) -> None:
+        super().__init__(f"gave way after {done}")
+        self.done = done
+
+
+class Maintenance:
+    """The maintenance task of one replica. ``run`` until cancelled."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.time,
+        schema: str = "gin_table",
+    ) -> None:
+        self.pool = pool
+        self.every_s = settings.maintenance_every_s
+        self.batch = settings.maintenance_batch
+        self.retention = timedelta(seconds=settings.command_retention_s)
+        self.clock = clock
+        self.metrics = MaintenanceMetrics(registry)
+        self.lock_key = zlib.crc32(f"maintenance:{schema}".encode())
+        self.pause_s = PAUSE_S
+        # In order, each with the lock held. The archive of finished tables goes here.
+        self.steps: list[tuple[str, Step]] = [
+            ("partitions", self.make_partitions),
+            ("command_answers", self.delete_command_answers),
+        ]
+
+    async def run(self) -> None:
+        """A run now and every ``every_s``; survive database outages."""
+        while True:
+            pause = self.every_s
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("maintenance_failed", error=repr(exc), retry_in_s=ERROR_BACKOFF_S)
+                pause = min(pause, ERROR_BACKOFF_S)
+            await asyncio.sleep(pause)
+
+    async def run_once(self) -> dict[str, int] | None:
+        """Every step, if this replica takes the lock: what each did (None: another replica
+        holds the lock)."""
+        began = time.perf_counter()
+        async with self.pool.acquire() as conn:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", self.lock_key):
+                return None
+            try:
+                done = await self._steps(conn)
+            except BaseException:
+                # The lock is the session's: ending it frees the lock whatever state the
+                # connection was left in (a cancelled statement, a lost server).
+                conn.terminate()
+                raise
+            await conn.execute("SELECT pg_advisory_unlock($1)", self.lock_key)
+        seconds = time.perf_counter() - began
+        self.metrics.seconds.observe(seconds)
+        self.metrics.last_success.set(self.clock())
+        log.info("maintenance_ran", seconds=round(seconds, 3), **done)
+        return done
+
+    async def _steps(self, conn: Conn) -> dict[str, int]:
+        done: dict[str, int] = {}
+        for name, step in self.steps:
+            now = datetime.fromtimestamp(self.clock(), UTC)
+            try:
+                done[name] = await step(conn, now)
+            except GaveWay as exc:
+                done[name] = exc.done
+                self.metrics.gave_way.labels(name).inc()
+            except asyncpg.PostgresError as exc:  # the next step may still do its part
+                if exc.sqlstate != LOCK_NOT_AVAILABLE:
+                    log.warning("maintenance_step_failed", step=name, error=repr(exc))
+                else:
+                    self.metrics.gave_way.labels(name).inc()
+                done[name] = 0
+            self.metrics.done.labels(name).inc(done[name])
+        return done
+
+    async def make_partitions(self, conn: Conn, now: datetime) -> int:
+        """The event log's partitions of ``now``'s month and the next ``MONTHS_AHEAD``, those
+        not made yet; how many were made."""
+        made = 0
+        for first in months_from(now, 1 + MONTHS_AHEAD):
+            if await make_month(conn, first):
+                made += 1
+        return made
+
+    async def delete_command_answers(self, conn: Conn, now: datetime) -> int:
+        """Delete the command answers given ``retention`` before ``now`` or earlier, in
+        batches; how many."""
+        cutoff = now - self.retention
+        deleted = 0
+        while True:
+            try:
+                async with conn.transaction():
+                    await conn.execute(_SHORT_LOCK_WAIT)
+                    status = await conn.execute(_DELETE_ANSWERS, cutoff, self.batch)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate == LOCK_NOT_AVAILABLE:
+                    raise GaveWay(deleted) from exc
+                raise
+            count = int(status.split()[-1])
+            deleted += count
+            if count < self.batch:
+                return deleted
+            await asyncio.sleep(self.pause_s)
+
+
+_SHORT_LOCK_WAIT = f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms'"
+
+# The oldest answers of one batch, locked as they are found (those another transaction holds
+# are skipped: a retry of that very command, say), then deleted by their row address.
+_DELETE_ANSWERS = """
+DELETE FROM commands WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM commands WHERE answered_at < $1
+    ORDER BY answered_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+"""
+
+
+def months_from(now: datetime, count: int) -> list[datetime]:
+    """The first moments (UTC) of ``now``'s month and the ``count - 1`` after it."""
+    utc = now.astimezone(UTC)
+    year, month = utc.year, utc.month
+    firsts = []
+    for _ in range(count):
+        firsts.append(datetime(year, month, 1, tzinfo=UTC))
+        year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return firsts
+
+
+def partition_name(first: datetime) -> str:
+    """The name of the event log's partition of the month beginning at ``first``."""
+    return f"events_{first:%Y_%m}"
+
+
+async def make_month(conn: Conn, first: datetime) -> bool:
+    """Make the event log's partition of the month beginning at ``first`` (UTC) unless it is
+    there; whether it was made. One transaction, giving way (``LOCK_NOT_AVAILABLE``) to a lock
+    held more than ``LOCK_TIMEOUT_MS``:
+
+    1. a table of its own, beside the log, with the log's columns;
+    2. the month's rows out of ``events_default`` into it (ACCESS EXCLUSIVE on the default
+       partition, which ATTACH takes anyway: only a move whose month has no partition writes
+       there, and only readers of the log wait, for as long as this transaction);
+    3. a CHECK of its range, so ATTACH need not scan it; attached; the CHECK dropped.
+    """
+    name = partition_name(first)
+    if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", name):
+        return False
+    after = months_from(first + timedelta(days=32), 1)[0]
+    low, high = _literal(first), _literal(after)
+    async with conn.transaction():
+        await conn.execute(_SHORT_LOCK_WAIT)
+        await conn.execute(f'CREATE TABLE "{name}" (LIKE events INCLUDING DEFAULTS)')
+        await conn.execute("LOCK TABLE events_default IN ACCESS EXCLUSIVE MODE")
+        status = await conn.execute(
+            f"WITH moved AS (DELETE FROM events_default WHERE at >= {low} AND at < {high}"
+            f' RETURNING *) INSERT INTO "{name}" SELECT * FROM moved'
+        )
+        await conn.execute(
+            f'ALTER TABLE "{name}" ADD CONSTRAINT "{name}_month"'
+            f" CHECK (at >= {low} AND at < {high})"
+        )
+        await conn.execute(
+            f'ALTER TABLE events ATTACH PARTITION "{name}" FOR VALUES FROM ({low}) TO ({high})'
+        )
+        await conn.execute(f'ALTER TABLE "{name}" DROP CONSTRAINT "{name}_month"')
+    log.info("events_partition_made", partition=name, moved_from_default=int(status.split()[-1]))
+    return True
+
+
+def _literal(moment: datetime) -> str:
+    """A moment as a timestamptz literal (ISO 8601, from a datetime: no quote in it)."""
+    return f"'{moment.isoformat()}'::timestamptz"
