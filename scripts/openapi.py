@@ -318,6 +318,21 @@ OPS: tuple[Op, ...] = (
         errors=(400, 401, 413, 503),
     ),
     Op(
+        "delete",
+        "/v1/players/me",
+        "table",
+        "erasePlayer",
+        "Erase the caller's personal data (LGPD art. 18); 204 every time.",
+        'Every seat the caller holds becomes a pseudonym ("Jogador removido", an '
+        "`erased-...` id) in the tables, their events and answers; a match on is ended first as "
+        "if the caller had left; preferences are deleted. Each table gets a `player_erased` "
+        "event (docs/asyncapi.yaml), and the chat deletes the caller's messages. The token "
+        "still works: its holder is someone with no seat. A second call changes nothing.",
+        auth="required",
+        ok=(204, "Erased (or nothing left to erase).", None),
+        errors=(401, 429, 503),
+    ),
+    Op(
         "post",
         "/v1/dev/tokens",
         "table",

@@ -13,7 +13,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from services.table import store
+from services.table import erasure, store
 from services.table.commits import GroupCommit
 from services.table.decide import Actor, Rejected
 from services.table.handling import CommandMetrics, Commands, Committed
@@ -260,6 +260,22 @@ async def put_preferences(request: web.Request) -> web.Response:
     return web.json_response({"deck_design": body.deck_design})
 
 
+async def erase_player(request: web.Request) -> web.Response:
+    """``DELETE /v1/players/me``: erase the caller's personal data (LGPD art. 18,
+    ``erasure.py``); 204, and 204 again for nothing left to erase. Counted against
+    ``preferences``: like them, a write of the caller's own data only."""
+    identity = identity_of(request)
+    assert identity is not None
+    await limit(request, "preferences", identity)
+    tables = request.app[TABLES]
+    erased = await erasure.erase_in_transaction(request.app[POOL], tables, identity)
+    erasure.forget(tables, identity.id, erased)
+    for change in erased.changes:
+        request.app[COMMITTED](change)
+    log.info("player_erased", tables=len(erased.changes))  # never the subject: it is erased
+    return web.Response(status=204)
+
+
 async def mint_token(request: web.Request) -> web.Response:
     """``POST /v1/dev/tokens``: development only."""
     body = await body_of(request, MintToken)
@@ -298,6 +314,7 @@ WRITE_LIMITS: dict[tuple[str, str], str | None] = {
     ("POST", "/v1/tables/{id}/bot"): "joins",
     ("POST", "/v1/tables/{id}/commands"): "commands",  # rematch, resign, leave: commands too
     ("PUT", "/v1/players/me/preferences"): "preferences",
+    ("DELETE", "/v1/players/me"): "preferences",  # the erasure: the caller's own data too
     ("POST", "/v1/dev/tokens"): None,  # development only: signs a token, writes nothing
 }
 
@@ -318,5 +335,6 @@ def add_routes(app: web.Application, dev_tokens: bool) -> None:
     r.add_get("/v1/tables/{id}/hands/{n}", get_hand)
     r.add_get("/v1/players/me/preferences", get_preferences)
     r.add_put("/v1/players/me/preferences", put_preferences)
+    r.add_delete("/v1/players/me", erase_player)
     if dev_tokens:
         r.add_post("/v1/dev/tokens", mint_token)

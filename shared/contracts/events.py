@@ -207,6 +207,21 @@ class TableClosed(Event, tag="table_closed", frozen=True, kw_only=True):
     reason: CloseReason
 
 
+class PlayerErased(Event, tag="player_erased", frozen=True, kw_only=True):
+    """The person of a seat had their data erased (LGPD art. 18): the seat shows a pseudonym.
+
+    ``player`` is the pseudonym: "Jogador removido" and an ``erased-...`` id linked to nobody.
+    A ``table`` stream event, one at each table the person sat at, after any other (even
+    ``table_closed``); a match they were in was ended first as if they had left. It names the
+    seat, never the person: a subscriber that kept who sat there (from ``seat_taken`` or
+    ``table_created``) erases that person's data it holds and shows ``player`` instead; one
+    that kept nothing has nothing to erase.
+    """
+
+    seat: int
+    player: Player
+
+
 class MessagePosted(Event, tag="message_posted", frozen=True, kw_only=True):
     """A seated player wrote in the table's chat (R10.5)."""
 
@@ -233,6 +248,7 @@ AnyEvent = (
     | AbsenceClaimable
     | TableExpired
     | TableClosed
+    | PlayerErased
     | MessagePosted
 )
 EVENT_TYPES: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in AnyEvent.__args__}

@@ -292,6 +292,9 @@ OLD_PAYLOADS: dict[str, bytes] = {
     "table_expired": b'{"type":"table_expired"}',
     "table_closed": b'{"type":"table_closed","reason":"rematch_declined"}',
     "message_posted": b'{"type":"message_posted","message_id":7,"seat":0,"name":"Ana","text":"oi"}',
+    "player_erased": (
+        b'{"type":"player_erased","seat":0,"player":{"name":"Jogador removido","id":"erased-1"}}'
+    ),
 }
 
 
