@@ -3,8 +3,11 @@
 The chat's own durable queue ``<prefix>gin.chat`` on ``gin.events`` keeps the table events
 while the chat service is down, and the chat goes on working while the table service is down.
 Idempotent: each event's ``(table_id, seq)`` is recorded in the same transaction as the change
-it causes, and a repeat changes nothing. Messages are applied one at a time, in the order they
-come, by the shared runner (``shared.infra.consumer``): an undecodable message is
+it causes, and a repeat changes nothing. A ``player_erased`` (LGPD art. 18) deletes that
+seat's person's messages at the table and puts the pseudonym in the seat, in that transaction;
+the ``message_posted`` events already published are the broker's (its history stream keeps
+them its retention) and each subscriber's to erase. Messages are applied one at a time, in the
+order they come, by the shared runner (``shared.infra.consumer``): an undecodable message is
 dead-lettered, an event type of a newer contract skipped, and a database outage holds the
 message until it is applied.
 
@@ -24,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from services.chat import store
 from shared.contracts.envelope import Envelope
-from shared.contracts.events import SeatTaken, TableClosed, TableExpired
+from shared.contracts.events import PlayerErased, SeatTaken, TableClosed, TableExpired
 from shared.contracts.names import CHAT_QUEUE, EVENTS_EXCHANGE, table_event_key
 from shared.infra.amqp import work_queue_arguments
 from shared.infra.consumer import (
@@ -37,7 +40,7 @@ from shared.infra.consumer import (
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
-LEARNED_FROM = ("seat_taken", "table_closed", "table_expired")
+LEARNED_FROM = ("seat_taken", "table_closed", "table_expired", "player_erased")
 Outcome = Literal["applied", "duplicate", "ignored"]
 
 
@@ -57,7 +60,7 @@ async def declare_queue(channel: AbstractChannel, prefix: str) -> AbstractQueue:
 async def apply_event(conn: Conn, envelope: Envelope) -> Outcome:
     """Apply one table event in the caller's transaction, once."""
     event = envelope.data
-    if not isinstance(event, SeatTaken | TableClosed | TableExpired):
+    if not isinstance(event, SeatTaken | TableClosed | TableExpired | PlayerErased):
         return "ignored"
     if not await store.track(conn, envelope.table_id, envelope.seq, envelope.type):
         return "duplicate"
@@ -69,6 +72,8 @@ async def apply_event(conn: Conn, envelope: Envelope) -> Outcome:
             await store.close_table(conn, envelope.table_id, status)
         case TableExpired():
             await store.close_table(conn, envelope.table_id, "expired")
+        case PlayerErased(seat=seat, player=pseudonym):
+            await store.erase_seat(conn, envelope.table_id, seat, pseudonym)
     if envelope.version is not None:
         await store.saw_version(conn, envelope.table_id, envelope.version)
     return "applied"

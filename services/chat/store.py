@@ -68,6 +68,36 @@ async def take_seat(conn: Conn, table_id: str, seat: int, player: Player) -> Non
     )
 
 
+async def erase_seat(conn: Conn, table_id: str, seat: int, pseudonym: Player) -> int:
+    """The person of a seat was erased (``player_erased``): their messages at the table are
+    deleted, with their outbox rows (published, kept a day, or not yet: never published then),
+    and the seat shows the pseudonym. The messages' numbers are not used again. The number of
+    messages deleted (0 for a bot's seat, or a seat the chat never learned)."""
+    person = await conn.fetchval(
+        "SELECT player_id FROM seats WHERE table_id = $1 AND seat = $2 AND bot IS NULL",
+        table_id,
+        seat,
+    )
+    if person is None:
+        return 0
+    deleted = await conn.fetch(
+        "DELETE FROM messages WHERE table_id = $1 AND player_id = $2 RETURNING event_id",
+        table_id,
+        person,
+    )
+    await conn.execute(
+        "DELETE FROM outbox WHERE message_id = ANY($1::text[])", [str(r[0]) for r in deleted]
+    )
+    await conn.execute(
+        "UPDATE seats SET player_id = $3, name = $4 WHERE table_id = $1 AND seat = $2",
+        table_id,
+        seat,
+        pseudonym.id,
+        pseudonym.name,
+    )
+    return len(deleted)
+
+
 async def close_table(conn: Conn, table_id: str, status: TableStatus) -> None:
     """The table closed or expired: its chat takes no new message. The first ending stays."""
     await conn.execute(

@@ -225,6 +225,11 @@ async def test_erasure_leaves_no_trace_of_the_person_and_the_games_whole(
             assert await erase(api, ana) == 204
             assert {t: await all_events(api, t) for t in before} == after
             assert await tap.drain(quiet=1.0) == []
+            # The counts of the current windows (here the erasures' own) come back with the
+            # next sync, each until its window ends: the limits need them (deploy/README.md).
+            await app_of(api)[LIMITS].sync()
+            back = await db.fetch("SELECT action FROM rate_limits WHERE identity = $1", ana_sub)
+            assert [r[0] for r in back] == ["preferences"]
             # The token still works: a person with no seat and no preferences.
             status, body = await api.call("GET", "/v1/players/me/preferences", ana)
             assert (status, body) == (200, {"deck_design": None})
