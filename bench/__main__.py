@@ -2,16 +2,17 @@
 
 ``python -m bench engine``, ``python -m bench table``, ``python -m bench spectators``,
 ``python -m bench backend`` (every service as a process: bench/backend.py) or
-``python -m bench bots`` runs one group. The bots group (whole tournaments, minutes long)
-runs by default only when ``BENCH_BOTS_MATCHES`` is set, and after the others, so it never
-shares their timing.
+``python -m bench bots`` or ``python -m bench season`` (bench/season.py) runs one group. The
+bots group (whole tournaments) and the season group (a season of data filled in the database:
+tens of minutes at its default size) run by default only when ``BENCH_BOTS_MATCHES`` and
+``BENCH_SEASON_EVENTS`` are set, and after the others, so they never share their timing.
 """
 
 import os
 import signal
 import sys
 
-from bench import backend, bots, engine, spectators, table_load
+from bench import backend, bots, engine, season, spectators, table_load
 
 # A stopped bench (SIGTERM, as ``kill`` sends) cleans up as Ctrl-C does: its service stopped,
 # its database and broker objects dropped. Python's default would leave the service running.
@@ -19,7 +20,7 @@ signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 groups = sys.argv[1:] or ["engine", "table", "spectators", "backend"] + (
     ["bots"] if os.environ.get("BENCH_BOTS_MATCHES") else []
-)
+) + (["season"] if os.environ.get("BENCH_SEASON_EVENTS") else [])
 if "engine" in groups:
     engine.main()
 if "table" in groups:
@@ -30,3 +31,5 @@ if "backend" in groups:
     backend.main()
 if "bots" in groups:
     bots.main()
+if "season" in groups:
+    season.main()
