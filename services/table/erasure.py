@@ -15,8 +15,10 @@ One transaction in the table service's schema (``erase``):
    get it; a subscriber knows whom the seat held from its own copy of ``seat_taken``).
 4. Every copy of the person (a ``Player`` with their id: seats, ``table_created`` and
    ``seat_taken`` events, the answers kept for others' command ids, bot turns and events in
-   the outbox, hand records) is replaced by the pseudonym; the person's own command ids
-   (whose answers are theirs), deck design and rate-limit counts are deleted.
+   the outbox not yet published, hand records) is replaced by the pseudonym; the person's own
+   command ids (whose answers are theirs), deck design and rate-limit counts are deleted.
+   What remains, and for how long (the published outbox rows, a day; the broker's history
+   stream, a week; backups; the archive): deploy/README.md, "Erasure".
 
 Games stay whole: no event, hand record or table is deleted, and every seq keeps its event.
 Idempotent: once erased, the subject is nowhere in the schema, so a second erasure finds
@@ -104,29 +106,24 @@ def _scrub_text(text: str | bytes, subject: str, pseudo: Player) -> bytes | None
 
 async def erase(conn: Conn, tables: Tables, identity: Identity) -> Erased:
     """Erase ``identity``'s data from the table service's schema, in the caller's
-    transaction (module docstring)."""
+    transaction (module docstring). Each statement reads one table's rows, or rows found by
+    an index: none reads a whole table, so each stays within the statement timeout however
+    many tables the service keeps."""
     subject = identity.id
     pseudo = pseudonym()
     table_ids: list[str] = [
         r[0]
         for r in await conn.fetch(
-            "SELECT table_id FROM tables WHERE creator_id = $1 OR seats @> $2::jsonb"
+            # Seat 0 is the creator's, seat 1 the joiner's (migration 012's indexes).
+            "SELECT table_id FROM tables WHERE creator_id = $1 OR (seats #>> '{1,id}') = $1"
             " ORDER BY table_id FOR UPDATE",
             subject,
-            _json.encode([{"id": subject}]).decode(),
         )
     ]
-    changes = [await _erase_at(conn, tables, identity, table_id, pseudo) for table_id in table_ids]
-    await conn.execute(
-        "UPDATE tables SET creator_id = $2 WHERE table_id = ANY($1::text[]) AND creator_id = $3",
-        table_ids,
-        pseudo.id,
-        subject,
-    )
-    sub = _json.encode({"sub": subject}).decode()
-    await _scrub_events(conn, table_ids, subject, sub, pseudo)
-    await _scrub_hands(conn, table_ids, subject, sub, pseudo)
-    await _scrub_commands(conn, table_ids, subject, sub, pseudo)
+    changes = []
+    for table_id in table_ids:
+        changes.append(await _erase_at(conn, tables, identity, table_id, pseudo))
+        await _scrub_table(conn, table_id, subject, pseudo)
     await _scrub_outbox(conn, subject, pseudo)
     await conn.execute("DELETE FROM preferences WHERE player_id = $1", subject)
     await conn.execute(
@@ -172,90 +169,74 @@ async def _erase_at(
     )
 
 
-async def _scrub_events(
-    conn: Conn, table_ids: list[str], subject: str, sub: str, pseudo: Player
-) -> None:
-    """The table events that carry the person (``table_created``, ``seat_taken``), by their
-    table and seq: no key of the events table is assumed (it may be partitioned)."""
-    rows = await conn.fetch(
-        "SELECT table_id, seq, envelope::text FROM events WHERE table_id = ANY($1::text[])"
-        f" AND jsonb_path_exists(envelope, '{_HOLDS}', $2::jsonb)",
-        table_ids,
-        sub,
+async def _scrub_table(conn: Conn, table_id: str, subject: str, pseudo: Player) -> None:
+    """One table's rows that carry the person, found by their table (an index), then by a
+    JSON path; updated by their keys. The events by table and seq only: no key of the events
+    table is assumed (it is partitioned, with a key of its own)."""
+    await conn.execute(
+        "UPDATE tables SET creator_id = $2 WHERE table_id = $1 AND creator_id = $3",
+        table_id,
+        pseudo.id,
+        subject,
     )
-    new = [(r[0], r[1], _scrub_text(r[2], subject, pseudo)) for r in rows]
-    kept = [(t, s, body.decode()) for t, s, body in new if body is not None]
-    if kept:
-        await conn.execute(
-            "UPDATE events e SET envelope = x.envelope::jsonb"
-            " FROM unnest($1::text[], $2::bigint[], $3::text[]) AS x(table_id, seq, envelope)"
-            " WHERE e.table_id = x.table_id AND e.seq = x.seq",
-            *map(list, zip(*kept, strict=True)),
-        )
+    sub = _json.encode({"sub": subject}).decode()
+    for rows, update in (
+        (
+            "SELECT seq, envelope::text FROM events WHERE table_id = $1"
+            f" AND jsonb_path_exists(envelope, '{_HOLDS}', $2::jsonb)",
+            "UPDATE events SET envelope = $3::jsonb WHERE table_id = $1 AND seq = $2",
+        ),
+        (  # none today: a hand's record names seats, not people
+            "SELECT hand, record::text FROM hands WHERE table_id = $1"
+            f" AND jsonb_path_exists(record, '{_HOLDS}', $2::jsonb)",
+            "UPDATE hands SET record = $3::jsonb WHERE table_id = $1 AND hand = $2",
+        ),
+    ):
+        for key, text in await conn.fetch(rows, table_id, sub):
+            body = _scrub_text(text, subject, pseudo)
+            if body is not None:
+                await conn.execute(update, table_id, key, body.decode())
+    await _scrub_commands(conn, table_id, subject, sub, pseudo)
 
 
-async def _scrub_hands(
-    conn: Conn, table_ids: list[str], subject: str, sub: str, pseudo: Player
+async def _scrub_commands(
+    conn: Conn, table_id: str, subject: str, sub: str, pseudo: Player
 ) -> None:
-    """Hand records that carry the person (none today: a record names seats, not people)."""
+    """The person's own command ids are deleted (their answers are theirs, and an id of
+    theirs is never sent again by anyone); the answers kept for the others' command ids show
+    the pseudonym (their views and events carry the seats)."""
+    person = Actor(kind="person", identity=Identity(subject, "")).label
+    await conn.execute("DELETE FROM commands WHERE table_id = $1 AND actor = $2", table_id, person)
     rows = await conn.fetch(
-        "SELECT table_id, hand, record::text FROM hands WHERE table_id = ANY($1::text[])"
-        f" AND jsonb_path_exists(record, '{_HOLDS}', $2::jsonb)",
-        table_ids,
+        "SELECT actor, command_id, result FROM commands WHERE table_id = $1"
+        f" AND jsonb_path_exists(result::jsonb, '{_HOLDS}', $2::jsonb)",
+        table_id,
         sub,
     )
-    for table_id, hand, record in rows:
-        body = _scrub_text(record, subject, pseudo)
+    for actor, command_id, result in rows:
+        body = _scrub_text(result, subject, pseudo)
         if body is not None:
             await conn.execute(
-                "UPDATE hands SET record = $3::jsonb WHERE table_id = $1 AND hand = $2",
+                "UPDATE commands SET result = $4"
+                " WHERE table_id = $1 AND actor = $2 AND command_id = $3",
                 table_id,
-                hand,
+                actor,
+                command_id,
                 body.decode(),
             )
 
 
-async def _scrub_commands(
-    conn: Conn, table_ids: list[str], subject: str, sub: str, pseudo: Player
-) -> None:
-    """The person's own command ids are deleted (their answers are theirs, and an id of
-    theirs is never sent again by anyone); the answers kept for the others' command ids at
-    those tables show the pseudonym (their views and events carry the seats)."""
-    person = Actor(kind="person", identity=Identity(subject, "")).label
-    await conn.execute(
-        "DELETE FROM commands WHERE table_id = ANY($1::text[]) AND actor = $2", table_ids, person
-    )
-    rows = await conn.fetch(
-        "SELECT table_id, actor, command_id, result FROM commands"
-        " WHERE table_id = ANY($1::text[])"
-        f" AND jsonb_path_exists(result::jsonb, '{_HOLDS}', $2::jsonb)",
-        table_ids,
-        sub,
-    )
-    kept = [
-        (r[0], r[1], r[2], body.decode())
-        for r in rows
-        if (body := _scrub_text(r[3], subject, pseudo)) is not None
-    ]
-    if kept:
-        await conn.execute(
-            "UPDATE commands c SET result = x.result"
-            " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])"
-            " AS x(table_id, actor, command_id, result)"
-            " WHERE c.table_id = x.table_id AND c.actor = x.actor"
-            " AND c.command_id = x.command_id",
-            *map(list, zip(*kept, strict=True)),
-        )
-
-
 async def _scrub_outbox(conn: Conn, subject: str, pseudo: Player) -> None:
-    """Outbox rows, published (kept a day) or not, whose body carries the person: events and
-    bot turns (a bot's view has the seats) show the pseudonym. The outbox has no table
-    column: its bodies are searched for the subject as JSON writes it. One published meanwhile
-    went out as it was, as it would have a moment before the erasure."""
+    """Outbox rows not published yet whose body carries the person (events, and bot turns,
+    whose view has the seats) go out with the pseudonym (found by the outbox's index of
+    unpublished rows). Those published already are what the broker and its history stream
+    hold: they are deleted with the outbox's retention (a day). Reading every published row
+    for them would read the whole day's outbox, far past any statement timeout."""
     needle = _json.encode(subject)[1:-1]  # the subject as it appears inside a JSON string
     rows = await conn.fetch(
-        "SELECT id, body FROM outbox WHERE position($1::bytea IN body) > 0", needle
+        "SELECT id, body FROM outbox WHERE published_at IS NULL"
+        " AND position($1::bytea IN body) > 0",
+        needle,
     )
     for row_id, body in rows:
         new = _scrub_text(body, subject, pseudo)
