@@ -107,8 +107,8 @@ def _scrub_text(text: str | bytes, subject: str, pseudo: Player) -> bytes | None
 async def erase(conn: Conn, tables: Tables, identity: Identity) -> Erased:
     """Erase ``identity``'s data from the table service's schema, in the caller's
     transaction (module docstring). Each statement reads one table's rows, or rows found by
-    an index: none reads a whole table, so each stays within the statement timeout however
-    many tables the service keeps."""
+    an index, so each stays within the statement timeout however many tables the service
+    keeps; only ``rate_limits`` (the current windows' counts, no more) is read whole."""
     subject = identity.id
     pseudo = pseudonym()
     table_ids: list[str] = [
