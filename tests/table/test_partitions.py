@@ -1,0 +1,160 @@
+"""The event log by month (issue 32, part 2), against the real PostgreSQL: the maintenance task
+makes each month's partition ahead by the service's clock, each event lands in its month's,
+one whose month has none lands in the default partition and goes to its own when the task
+makes it, and a table's log reads back whole across months (the reads prune by month)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from services.table.maintenance import months_from, partition_name
+from shared.infra.db import Conn
+from shared.infra.settings import Settings
+from tests.table.conftest import Api, Clock, all_events
+from tests.table.test_retention import connection, first_move, replica, run
+
+
+def clock_at(*when: int) -> Clock:
+    return Clock(datetime(*when, tzinfo=UTC).timestamp())  # type: ignore[misc]
+
+
+def quiet(settings: Settings) -> Settings:
+    """No run of the task but the one at start and the test's."""
+    return msgspec.structs.replace(settings, maintenance_every_s=3600.0)
+
+
+async def homes(conn: Conn, table_id: str) -> list[tuple[int, str]]:
+    """Each event of a table, by seq, with the partition it is stored in."""
+    rows = await conn.fetch(
+        "SELECT seq, tableoid::regclass::text FROM events WHERE table_id = $1 ORDER BY seq",
+        table_id,
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+async def bounds(conn: Conn, name: str) -> str | None:
+    value: str | None = await conn.fetchval(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c"
+        " JOIN pg_inherits i ON i.inhrelid = c.oid"
+        " WHERE c.oid = to_regclass($1) AND i.inhparent = 'events'::regclass",
+        name,
+    )
+    return value
+
+
+async def move(api: Api, table_id: str, tokens: list[str]) -> dict[str, Any]:
+    token, body = await first_move(api, table_id, tokens)
+    status, answer = await api.command(table_id, token, **body)
+    assert status == 200, answer
+    return answer  # type: ignore[no-any-return]
+
+
+def test_the_months_ahead_run_over_the_year() -> None:
+    firsts = months_from(datetime(2031, 11, 30, 23, 59, tzinfo=UTC), 3)
+    assert [partition_name(f) for f in firsts] == [
+        "events_2031_11",
+        "events_2031_12",
+        "events_2032_01",
+    ]
+    assert firsts[2] == datetime(2032, 1, 1, tzinfo=UTC)
+
+
+async def test_months_are_made_ahead_by_the_service_clock_and_events_land_in_theirs(
+    settings: Settings,
+) -> None:
+    clock = clock_at(2031, 5, 10, 12)
+    async with replica(quiet(settings), clock) as (api, maintenance), connection(settings) as db:
+        await run(maintenance)
+        assert await bounds(db, "events_2031_05") == (
+            "FOR VALUES FROM ('2031-05-01 00:00:00+00') TO ('2031-06-01 00:00:00+00')"
+        )
+        assert await bounds(db, "events_2031_06") is not None
+        assert await bounds(db, "events_2031_07") is not None
+        assert await bounds(db, "events_2031_08") is None  # two months ahead, no more
+        assert (await run(maintenance))["partitions"] == 0  # made once
+        # What the task made is a partition as the migration's are: the log's key, no CHECK
+        # left behind.
+        assert await db.fetchval(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index"
+            " WHERE indrelid = 'events_2031_06'::regclass AND indisprimary"
+        ) == (
+            "CREATE UNIQUE INDEX events_2031_06_pkey ON gin_table.events_2031_06"
+            " USING btree (table_id, seq, at)"
+        )
+        assert not await db.fetchval(
+            "SELECT count(*) FROM pg_constraint WHERE conrelid = 'events_2031_06'::regclass"
+            " AND contype = 'c'"
+        )
+
+        table_id, a, b = await api.table_for_two()
+        await move(api, table_id, [a, b])
+        stored = await homes(db, table_id)
+        assert len(stored) > 3
+        assert {home for _, home in stored} == {"events_2031_05"}
+
+
+async def test_a_month_without_its_partition_falls_into_default_then_goes_to_its_own(
+    settings: Settings,
+) -> None:
+    clock = clock_at(2032, 2, 20, 8)
+    async with replica(quiet(settings), clock) as (api, maintenance), connection(settings) as db:
+        await run(maintenance)  # February to April
+        table_id, a, b = await api.table_for_two()
+        await move(api, table_id, [a, b])
+        february = await homes(db, table_id)
+        assert {home for _, home in february} == {"events_2032_02"}
+
+        clock.advance(150 * 86400)  # mid-July: no partition of it yet (the task ran in February)
+        await move(api, table_id, [a, b])
+        july = (await homes(db, table_id))[len(february) :]
+        assert july
+        assert {home for _, home in july} == {"events_default"}
+        # An event of a month the task does not make now stays where it is.
+        await db.execute(
+            "INSERT INTO events (table_id, seq, type, envelope, at)"
+            " VALUES ('far-off', 1, 'x', '{}', '2040-01-15 00:00+00')"
+        )
+        log = await all_events(api, table_id)  # across months and the default partition
+        assert [e["seq"] for e in log] == list(range(1, len(february) + len(july) + 1))
+
+        assert (await run(maintenance))["partitions"] == 3  # July to September
+        assert {home for _, home in (await homes(db, table_id))[len(february) :]} == {
+            "events_2032_07"
+        }
+        assert await homes(db, table_id) == february + [(seq, "events_2032_07") for seq, _ in july]
+        assert (
+            await db.fetchval(
+                "SELECT tableoid::regclass::text FROM events WHERE table_id = 'far-off'"
+            )
+            == "events_default"
+        )
+        assert await all_events(api, table_id) == log
+
+        answer = await move(api, table_id, [a, b])  # July's next event: straight to its own
+        last = answer["events"][-1]["seq"]
+        assert (await homes(db, table_id))[-1] == (last, "events_2032_07")
+        assert [e["seq"] for e in await all_events(api, table_id)] == list(range(1, last + 1))
+        await db.execute("DELETE FROM events WHERE table_id = 'far-off'")
+
+
+async def test_a_replica_whose_clock_is_behind_at_a_month_end_loses_no_event(
+    settings: Settings,
+) -> None:
+    """A table made by one replica just after midnight of the 1st, moved by another whose
+    clock is seconds behind: its events are in the month before its creation, and read."""
+    ahead, behind = clock_at(2033, 3, 1, 0, 0, 10), clock_at(2033, 2, 28, 23, 59, 50)
+    async with (
+        replica(quiet(settings), ahead) as (one, _),
+        replica(quiet(settings), behind) as (two, maintenance),
+        connection(settings) as db,
+    ):
+        await run(maintenance)
+        table_id, a, b = await one.table_for_two()
+        await move(two, table_id, [a, b])
+        stored = await homes(db, table_id)
+        assert {home for _, home in stored} == {"events_2033_03", "events_2033_02"}
+        log = await all_events(one, table_id)
+        assert [e["seq"] for e in log] == [seq for seq, _ in stored]
