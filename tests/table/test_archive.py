@@ -17,11 +17,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import msgspec
 import pytest
 
-from services.table import archive, http
+from services.table import archive, http, sockets
 from services.table.archive import ArchiveStore, DirectoryStore
 from shared.infra.db import create_pool
 from shared.infra.settings import Settings
@@ -153,6 +154,22 @@ async def test_an_archived_tables_routes_answer_410_with_its_place(
         assert status == 410, (path, body)
         assert body["error"]["code"] == "archived"
         assert tmp_path.as_uri() in body["error"]["message"]
+
+
+async def test_an_archived_tables_socket_is_refused_with_410(
+    arena: tuple[Api, asyncpg.Pool], own: Settings, clock: Clock, tmp_path: Path
+) -> None:
+    if "refuse_if_archived" not in inspect.getsource(sockets):
+        pytest.skip("services/table/sockets.py does not call archive.refuse_if_archived yet")
+    api, pool = arena
+    table_id, _ = await ended_by_resign(api)
+    clock.advance(AFTER_S + 1)
+    # Another replica (this one remembers the table's seating): it learns from the database.
+    async with open_api(own, clock=clock) as other:
+        assert await archive.archive_due(pool, DirectoryStore(tmp_path), at(clock), AFTER_S, 10)
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await other.client.ws_connect(f"/v1/tables/{table_id}/ws")
+        assert refused.value.status == 410
 
 
 async def test_restore_serves_the_table_again_with_the_same_events(
