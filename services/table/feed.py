@@ -41,6 +41,7 @@ class _Head(msgspec.Struct):
 
     table_id: str
     seq: int
+    type: str = ""
 
 
 _batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])

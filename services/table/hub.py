@@ -280,12 +280,24 @@ class Hub:
         for head, raw in batch_heads(body):
             if head.seq <= self.coming.get(head.table_id, 0):
                 continue  # this replica's own commit, on its way from the inbox
+            self._forget_stale(head.table_id, head.seq, head.type)
             self.known.hear(head.table_id, head.seq)
             watchers = self.clients.get(head.table_id)
             if watchers and any(c.ready and c.last_seq < head.seq for c in watchers):
                 behind.setdefault(head.table_id, []).append(envelope_decoder.decode(raw))
         for table_id, burst in behind.items():
             await self.catch_up_or_retry(table_id, burst)
+
+    def _forget_stale(self, table_id: str, seq: int, event_type: str) -> None:
+        """Another replica committed at the table: the row this one remembers is stale (a
+        command on it would only fail its version check), and after an erasure its seating
+        names a person who is gone; neither is kept, so neither lingers in memory."""
+        memory = self.tables.memory
+        row = memory.row(table_id)
+        if row is not None and row.seq < seq:
+            memory.forget_row(table_id)
+        if event_type == "player_erased":
+            memory.seatings.pop(table_id, None)
 
     async def catch_up_or_retry(self, table_id: str, burst: list[Envelope]) -> None:
         """``catch_up``; one that fails (the database away) is retried until it succeeds."""

@@ -17,7 +17,7 @@ import msgspec
 from aiohttp.test_utils import TestClient
 
 from services.table.erasure import ERASED_NAME, scrubbed
-from services.table.http import LIMITS
+from services.table.http import LIMITS, TABLES
 from shared.contracts.events import Player
 from shared.contracts.names import EVENTS_EXCHANGE
 from shared.infra.settings import Settings
@@ -355,3 +355,8 @@ async def test_a_replica_that_remembers_the_table_shows_the_pseudonym(
                     assert snapshot["view"]["seats"][0]["name"] == ERASED_NAME
                     assert snapshot["view"]["you"] == (1 if token == bia else None)
         assert (await two.view(table_id, ana))["seats"][0]["name"] == ERASED_NAME
+        # nor does B keep the person in memory: its stale row and seating were dropped
+        memory = two.client.app[TABLES].memory
+        for kept in (memory.row(table_id), memory.seating(table_id)):
+            assert ana_sub not in repr(kept)
+            assert ana_name not in repr(kept)
