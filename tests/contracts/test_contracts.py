@@ -44,6 +44,7 @@ DESIGN_EVENT_TYPES = [
     "absence_claimable",
     "table_expired",
     "table_closed",
+    "player_erased",
     "message_posted",
 ]
 # docs/DESIGN.md section 7: "Command types: ..."
