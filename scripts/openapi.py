@@ -291,6 +291,11 @@ OPS: tuple[Op, ...] = (
                         ),
                         (ws.CLOSE_TOKEN_EXPIRED, "The token expired: reconnect with a new one."),
                         (ws.CLOSE_TOO_SLOW, "The client fell behind: resume by seq."),
+                        (
+                            ws.CLOSE_ARCHIVED,
+                            "The table was archived: `GET /v1/tables/{id}` answers 410 and"
+                            " says where its record is.",
+                        ),
                     )
                 },
             }

@@ -10,6 +10,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from services.chat import retention
 from services.chat.chat import Chat
 from services.chat.consumer import TableEventConsumer
 from services.chat.dev_cors import allow_dev_page
@@ -41,6 +42,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     app[METRICS] = ChatMetrics(registry)
     app[CHAT] = Chat(clock)
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
+    app.cleanup_ctx.append(retention.running)  # an ended table's chat, once it is archived
     app.cleanup_ctx.append(_broker)
     add_routes(app)
     if settings.dev_tokens:  # the reference client on the table service's origin

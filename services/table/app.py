@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from services.table import backfill
+from services.table import archive, backfill
 from services.table.bot_turns import BotTurnResend
 from services.table.commits import GroupCommit
 from services.table.consumer import CommandConsumer
@@ -144,9 +144,13 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
 
 async def _maintenance(app: web.Application, clock: Callable[[], float]) -> AsyncIterator[None]:
     """The maintenance task (``maintenance.py``: the event log's months made ahead, old
-    command answers deleted): every replica runs it, one at a time holds its lock and works.
-    The replicas, not the relay's process: they always run, and with the service's clock."""
+    command answers deleted, ended tables archived (``archive.py``)): every replica runs it,
+    one at a time holds its lock and works. The replicas, not the relay's process: they
+    always run, and with the service's clock."""
     app[MAINTENANCE] = Maintenance(app[POOL], app[SETTINGS], app[REGISTRY], clock, SCHEMA)
+    step = archive.archive_step(app[POOL], app[SETTINGS])
+    if step is not None:  # GIN_ARCHIVE_URL set: ended tables go to the archive
+        app[MAINTENANCE].steps.append(("archive", step))
     task = asyncio.create_task(app[MAINTENANCE].run(), name="maintenance")
     yield
     await service.cancel(task)

@@ -32,9 +32,11 @@ CLOSE_MESSAGE_TOO_BIG = int(WSCloseCode.MESSAGE_TOO_BIG)  # 1009: aiohttp's, pas
 CLOSE_TRY_AGAIN_LATER = int(WSCloseCode.TRY_AGAIN_LATER)
 CLOSE_TOKEN_EXPIRED = 4001  # the token's exp (plus the leeway) passed: reconnect with a new one
 CLOSE_TOO_SLOW = 4008  # the client fell past its send queue: reconnect and resume by seq
+CLOSE_ARCHIVED = 4410  # the table was archived: GET /v1/tables/{id} answers 410 and says where
 GOING_AWAY_REASON = "server shutting down"
 TRY_AGAIN_REASON = "server full: reconnect in a few seconds"
 TOKEN_EXPIRED_REASON = "token expired: reconnect with a fresh token"
+ARCHIVED_REASON = "table archived: GET /v1/tables/{id} says where its record is"
 # A close reason has at most 123 bytes (RFC 6455 5.5), so it names the route, not the table.
 TOO_SLOW_REASON = "too slow: reconnect, then GET /v1/tables/{id}/events?after=<last seq>"
 # A peer that has stopped reading never answers the close handshake, nor takes the close

@@ -13,7 +13,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from services.table import erasure, store
+from services.table import archive, erasure, store
 from services.table.commits import GroupCommit
 from services.table.decide import Actor, Rejected
 from services.table.handling import CommandMetrics, Commands, Committed
@@ -178,6 +178,7 @@ async def get_table(request: web.Request) -> web.Response:
     async with request.app[POOL].acquire() as conn:
         row = await store.read_table(conn, request.match_info["id"])
         if row is None:
+            await archive.refuse_if_archived(conn, request.match_info["id"])
             raise Refused(404, "no_such_table", "there is no such table")
         design = await store.deck_design(conn, identity.id) if identity else None
     seat = row.seat_of(identity.id if identity else None)
@@ -188,7 +189,14 @@ async def run_command(request: web.Request, command: Any, identity: Identity) ->
     """Apply one person's command at the route's table (its sender's limits are the
     caller's: ``counted_command``): its answer as JSON."""
     actor = Actor(kind="person", identity=identity)
-    handled = await request.app[COMMANDS].handle(actor, request.match_info["id"], command)
+    table_id = request.match_info["id"]
+    try:
+        handled = await request.app[COMMANDS].handle(actor, table_id, command)
+    except Rejected as exc:
+        if exc.code == "no_such_table":  # an archived one answers where it went (410)
+            async with request.app[POOL].acquire() as conn:
+                await archive.refuse_if_archived(conn, table_id)
+        raise
     return handled.result
 
 
@@ -225,6 +233,7 @@ async def get_events(request: web.Request) -> web.Response:
     table_id = request.match_info["id"]
     async with request.app[POOL].acquire() as conn:
         if await store.read_table(conn, table_id) is None:
+            await archive.refuse_if_archived(conn, table_id)
             raise Refused(404, "no_such_table", "there is no such table")
         rows = await store.events_after(conn, table_id, after, limit)
     return json_bytes(b"[" + ",".join(rows).encode() + b"]")
@@ -235,6 +244,8 @@ async def get_hand(request: web.Request) -> web.Response:
     number = whole_number(request.match_info["n"], "the hand number", 1, 1, MAX_HAND)
     async with request.app[POOL].acquire() as conn:
         record = await store.hand_record(conn, request.match_info["id"], number)
+        if record is None:
+            await archive.refuse_if_archived(conn, request.match_info["id"])
     if record is None:
         raise Refused(404, "no_such_hand", "no such hand has ended at this table", "R11.3")
     return json_bytes(record.encode())

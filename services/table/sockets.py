@@ -15,14 +15,18 @@ import msgspec
 import structlog
 from aiohttp import WSMessage, WSMsgType, web
 
-from services.table import store
+from services.table import archive, store
 from services.table.clients import (
+    ARCHIVED_REASON,
+    CLOSE_ARCHIVED,
     CLOSE_TIMEOUT_S,
     CLOSE_TRY_AGAIN_LATER,
     TRY_AGAIN_REASON,
     WRITER_LIMIT_BYTES,
     Client,
+    close_socket,
 )
+from services.table.decide import Rejected
 from services.table.http import (
     TABLES,
     counted_command,
@@ -67,10 +71,16 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
         await limit(request, "sockets", identity)
     tables = request.app[TABLES]
     hub = request.app[HUB]
-    # A table this replica has seen full, or has the row of, exists for good.
+    # A table this replica has seen full, or has the row of, exists (until it is archived:
+    # its snapshot then finds no row, and the socket is closed with CLOSE_ARCHIVED).
     if table_id not in tables.seatings and hub.known.current(table_id) is None:
         async with request.app[POOL].acquire() as conn:
-            await tables.seating(PgStore(conn), table_id)  # 404 if there is none
+            try:
+                await tables.seating(PgStore(conn), table_id)  # 404 if there is none
+            except Rejected as exc:
+                if exc.code == "no_such_table":
+                    await archive.refuse_if_archived(conn, table_id)  # 410 if archived
+                raise
     settings = request.app[SETTINGS]
     # Past max_msg_size aiohttp closes the socket with 1009 (CLOSE_MESSAGE_TOO_BIG).
     ws = SharedDeflateResponse(
@@ -84,7 +94,12 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
     client = await hub.open(table_id, ws, identity, request.transport)
     hub.expire_at(client, closes_at(identity, settings.auth_leeway_s))
     try:
-        if await _snapshot(request, client, table_id):
+        read = await _snapshot(request, client, table_id)
+        if read is None:  # archived since this replica saw it
+            tables.seatings.pop(table_id, None)
+            await close_socket(client, CLOSE_ARCHIVED, ARCHIVED_REASON)
+            return ws
+        if read:
             await hub.catch_up(table_id, [])  # anything committed while the row was read
         async for msg in ws:
             await _on_message(request, client, msg)
@@ -116,10 +131,11 @@ async def _refuse_socket(request: web.Request, reason: str) -> web.WebSocketResp
     return ws
 
 
-async def _snapshot(request: web.Request, client: Client, table_id: str) -> bool:
+async def _snapshot(request: web.Request, client: Client, table_id: str) -> bool | None:
     """Queue the client its snapshot and make it ready for events; True if the row was read
-    from the database (commits delivered meanwhile may be missing: the caller catches up).
-    A row this replica already has is current for every event it has delivered."""
+    from the database (commits delivered meanwhile may be missing: the caller catches up);
+    None if there is no row any more (the table was archived). A row this replica already
+    has is current for every event it has delivered."""
     hub = request.app[HUB]
     row = hub.known.current(table_id)
     read = row is None
@@ -133,7 +149,8 @@ async def _snapshot(request: web.Request, client: Client, table_id: str) -> bool
         if read and row is not None:
             hub.known.remember(row)
         row = hub.known.current(table_id) or row  # a commit delivered while reading is newer
-    assert row is not None
+    if row is None:
+        return None
     seat = row.seat_of(identity.id if identity else None)
     # No await from here on: no event is queued between the snapshot and ``ready``.
     client.deck_design = design

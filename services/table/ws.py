@@ -25,6 +25,8 @@ Its parts, by job (this module names what the rest of the product imports):
 from __future__ import annotations
 
 from services.table.clients import (
+    ARCHIVED_REASON,
+    CLOSE_ARCHIVED,
     CLOSE_GOING_AWAY,
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_TIMEOUT_S,
@@ -44,6 +46,8 @@ from services.table.hub import HUB, Hub
 from services.table.sockets import FILES, MEMORY, add_socket_route, table_socket
 
 __all__ = [
+    "ARCHIVED_REASON",
+    "CLOSE_ARCHIVED",
     "CLOSE_GOING_AWAY",
     "CLOSE_MESSAGE_TOO_BIG",
     "CLOSE_TIMEOUT_S",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import inspect
 import socket
 import subprocess
 import sys
@@ -22,8 +21,10 @@ import asyncpg
 import msgspec
 import pytest
 
-from services.table import archive, http, sockets
+from services.table import archive
 from services.table.archive import ArchiveStore, DirectoryStore
+from services.table.http import TABLES
+from services.table.ws import ARCHIVED_REASON, CLOSE_ARCHIVED
 from shared.infra.db import create_pool
 from shared.infra.settings import Settings
 from shared.infra.web import Refused
@@ -143,10 +144,9 @@ async def test_an_ended_table_past_the_delay_is_archived_whole_and_deleted(
 async def test_an_archived_tables_routes_answer_410_with_its_place(
     arena: tuple[Api, asyncpg.Pool], clock: Clock, tmp_path: Path
 ) -> None:
-    if "refuse_if_archived" not in inspect.getsource(http):
-        pytest.skip("services/table/http.py does not call archive.refuse_if_archived yet")
     api, pool = arena
-    table_id, _ = await ended_by_resign(api)
+    table_id, tokens = await ended_by_resign(api)
+    assert table_id in api.client.app[TABLES].seatings  # this replica remembers it
     clock.advance(AFTER_S + 1)
     assert await archive.archive_due(pool, DirectoryStore(tmp_path), at(clock), AFTER_S, 10) == 1
     for path in ("", "/events", "/hands/1"):
@@ -154,13 +154,19 @@ async def test_an_archived_tables_routes_answer_410_with_its_place(
         assert status == 410, (path, body)
         assert body["error"]["code"] == "archived"
         assert tmp_path.as_uri() in body["error"]["message"]
+    status, body = await api.command(table_id, tokens[0], type="rematch")
+    assert status == 410, body
+    assert body["error"]["code"] == "archived"
+    # a replica that remembered the table's seating upgrades, finds no row, and says why
+    async with api.client.ws_connect(f"/v1/tables/{table_id}/ws") as ws:
+        message = await ws.receive(timeout=10)
+        assert message.type == aiohttp.WSMsgType.CLOSE, message
+        assert (ws.close_code, message.extra) == (CLOSE_ARCHIVED, ARCHIVED_REASON)
 
 
 async def test_an_archived_tables_socket_is_refused_with_410(
     arena: tuple[Api, asyncpg.Pool], own: Settings, clock: Clock, tmp_path: Path
 ) -> None:
-    if "refuse_if_archived" not in inspect.getsource(sockets):
-        pytest.skip("services/table/sockets.py does not call archive.refuse_if_archived yet")
     api, pool = arena
     table_id, _ = await ended_by_resign(api)
     clock.advance(AFTER_S + 1)
