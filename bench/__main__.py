@@ -4,7 +4,7 @@
 ``python -m bench backend`` (every service as a process: bench/backend.py) or
 ``python -m bench bots`` or ``python -m bench season`` (bench/season.py) runs one group. The
 bots group (whole tournaments) and the season group (a season of data filled in the database:
-tens of minutes at its default size) run by default only when ``BENCH_BOTS_MATCHES`` and
+some 20 minutes at its default size) run by default only when ``BENCH_BOTS_MATCHES`` and
 ``BENCH_SEASON_EVENTS`` are set, and after the others, so they never share their timing.
 """
 

@@ -30,6 +30,8 @@ def _round(p99_ms: float, answer_ms: float, service: float) -> dict[str, object]
         "command_to_answer_p99_ms": answer_ms,
         "cpu_ms_per_move": {"service": service, "relay": 0.5, "postgresql": 1.0},
         "machine_cpu_ms_per_move": 4.0,
+        "this_postgresql_cpu_ms_per_s": {"backends": 100.0 * service, "autovacuum": 50.0},
+        "per_s": 100.0,
     }
 
 
@@ -45,6 +47,8 @@ def test_goals_compare_the_rounds_with_the_season_to_those_without() -> None:
         {
             "seconds": 2.5,
             "done": {"command_answers": 3},
+            "next_seconds": 0.1,
+            "next_done": {"command_answers": 0},
             "sizes_before": sizes,
             "sizes_after": sizes,
         },
@@ -55,4 +59,6 @@ def test_goals_compare_the_rounds_with_the_season_to_those_without() -> None:
     assert summary["cpu_ms_per_move_without"] == 3.0
     assert summary["cpu_ratio"] == 1.667
     assert summary["machine_cpu_ratio"] == 1.0
-    assert summary["maintenance_s_per_run"] == 2.5
+    assert summary["maintenance_s_first_run"] == 2.5
+    assert summary["maintenance_s_next_run"] == 0.1
+    assert summary["this_postgresql_ms_per_move_with"] == {"autovacuum": 0.5, "backends": 3.5}
