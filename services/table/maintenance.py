@@ -152,10 +152,7 @@ class Maintenance:
                 done[name] = exc.done
                 self.metrics.gave_way.labels(name).inc()
             except asyncpg.PostgresError as exc:  # the next step may still do its part
-                if exc.sqlstate != LOCK_NOT_AVAILABLE:
-                    log.warning("maintenance_step_failed", step=name, error=repr(exc))
-                else:
-                    self.metrics.gave_way.labels(name).inc()
+                log.warning("maintenance_step_failed", step=name, error=repr(exc))
                 done[name] = 0
             self.metrics.done.labels(name).inc(done[name])
         return done
@@ -165,8 +162,12 @@ class Maintenance:
         not made yet; how many were made."""
         made = 0
         for first in months_from(now, 1 + MONTHS_AHEAD):
-            if await make_month(conn, first):
-                made += 1
+            try:
+                made += await make_month(conn, first)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate == LOCK_NOT_AVAILABLE:
+                    raise GaveWay(made) from exc
+                raise
         return made
 
     async def delete_command_answers(self, conn: Conn, now: datetime) -> int:

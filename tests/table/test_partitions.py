@@ -5,6 +5,7 @@ makes it, and a table's log reads back whole across months (the reads prune by m
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,7 @@ from services.table.maintenance import months_from, partition_name
 from shared.infra.db import Conn
 from shared.infra.settings import Settings
 from tests.table.conftest import Api, Clock, all_events
-from tests.table.test_retention import connection, first_move, replica, run
+from tests.table.test_retention import connection, first_move, gave_way, replica, run
 
 
 def clock_at(*when: int) -> Clock:
@@ -158,3 +159,30 @@ async def test_a_replica_whose_clock_is_behind_at_a_month_end_loses_no_event(
         assert {home for _, home in stored} == {"events_2033_03", "events_2033_02"}
         log = await all_events(one, table_id)
         assert [e["seq"] for e in log] == [seq for seq, _ in stored]
+
+
+async def test_making_a_month_gives_way_to_a_reader_and_never_holds_a_move(
+    settings: Settings,
+) -> None:
+    clock = clock_at(2034, 6, 10)
+    async with (
+        replica(quiet(settings), clock) as (api, maintenance),
+        connection(settings) as db,
+        connection(settings) as reader,
+    ):
+        await run(maintenance)  # June to August
+        table_id, a, b = await api.table_for_two()
+        clock.advance(92 * 86400)  # September: its partition is the next to make
+        async with reader.transaction():  # a long read of the log holds every partition
+            await reader.fetch("SELECT count(*) FROM events")
+            done = await asyncio.wait_for(run(maintenance), 5.0)
+            assert done["partitions"] == 0
+            assert await bounds(db, "events_2034_09") is None
+            # A move meanwhile (its events into the default partition) waits on nothing.
+            await asyncio.wait_for(move(api, table_id, [a, b]), 5.0)
+        assert gave_way(maintenance, "partitions") == 1
+        assert (await run(maintenance))["partitions"] == 3
+        assert {home for _, home in await homes(db, table_id)} == {
+            "events_2034_06",
+            "events_2034_09",
+        }
