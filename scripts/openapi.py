@@ -211,8 +211,12 @@ OPS: tuple[Op, ...] = (
         "table",
         "postCommand",
         "Apply one command of a seated player.",
-        "Every entry of the view's `legal` is a complete body (add a `command_id` to make a "
-        "retry safe, and `expected_version` to refuse a stale view).",
+        "Every entry of the view's `legal` is a complete body. Add a `command_id` to make a "
+        "retry safe: a retry with the same `command_id` within `GIN_COMMAND_RETENTION_S` (a "
+        "day) of the first answer gets that answer again, unchanged, and changes nothing; after "
+        "that the id is forgotten and a retry is decided as a new command. Add "
+        "`expected_version` to refuse a stale view; it also makes a retry later than the "
+        "retention safe, since it is then refused with 409 `stale_version`, never applied twice.",
         auth="required",
         body="AnyCommand",
         ok=(200, "The new version, the events and the caller's new view.", "CommandResult"),
