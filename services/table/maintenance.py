@@ -14,6 +14,13 @@ one replica at a time, and a replica that dies mid-run frees it with its session
   holds are skipped) and waits ``LOCK_TIMEOUT_MS`` at most for anything: one that would wait
   longer gives way, and the next run goes on.
 
+- ``empty_months``: the partitions of months that ended ``SETTLE`` or more before ``now``
+  and hold no row any more (their tables all archived), detached and dropped: an empty
+  month costs nothing to drop and would otherwise stay for good. The partition is locked
+  first and found empty under the lock, so no row is dropped with it; detaching takes ACCESS
+  EXCLUSIVE on ``events`` (with a default partition it cannot be done concurrently), waited
+  for ``LOCK_TIMEOUT_MS`` at most, once a month.
+
 Another step (the archive of finished tables) is a name and an ``async (conn, now) -> int``
 added to ``steps``: it runs with the lock held, on the run's connection or any other.
 """
@@ -40,6 +47,10 @@ LOCK_TIMEOUT_MS = 100  # the most a maintenance statement waits for a lock, then
 PAUSE_S = 0.02  # between two batches: the moves' statements come first
 LOCK_NOT_AVAILABLE = "55P03"
 ERROR_BACKOFF_S = 5.0
+# A month's partition is dropped no sooner than this after the month ended: a replica whose
+# clock is behind may still write the month's last events, and a move's statement may still
+# be on its way.
+SETTLE = timedelta(days=2)
 
 # A step: what it did (rows deleted, partitions made, ...), given the run's connection (the
 # one holding the lock) and the service clock's now.
@@ -106,6 +117,7 @@ class Maintenance:
         self.steps: list[tuple[str, Step]] = [
             ("partitions", self.make_partitions),
             ("command_answers", self.delete_command_answers),
+            ("empty_months", drop_empty_months),
         ]
 
     async def run(self) -> None:
@@ -257,3 +269,37 @@ async def make_month(conn: Conn, first: datetime) -> bool:
 def _literal(moment: datetime) -> str:
     """A moment as a timestamptz literal (ISO 8601, from a datetime: no quote in it)."""
     return f"'{moment.isoformat()}'::timestamptz"
+
+
+async def drop_empty_months(conn: Conn, now: datetime) -> int:
+    """Detach and drop the event log's monthly partitions that ended ``SETTLE`` before
+    ``now`` and hold no row; how many. Each in one transaction, giving way to a lock."""
+    rows = await conn.fetch(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'events'::regclass AND c.relname ~ '^events_[0-9]{4}_[0-9]{2}$'"
+        " ORDER BY c.relname"
+    )
+    dropped = 0
+    for (name,) in rows:
+        first = datetime.strptime(name, "events_%Y_%m").replace(tzinfo=UTC)
+        if months_from(first + timedelta(days=32), 1)[0] + SETTLE > now:
+            break  # in name order: the later ones ended later still
+        try:
+            dropped += await _drop_if_empty(conn, name)
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate == LOCK_NOT_AVAILABLE:
+                raise GaveWay(dropped) from exc
+            raise
+    return dropped
+
+
+async def _drop_if_empty(conn: Conn, name: str) -> bool:
+    async with conn.transaction():
+        await conn.execute(_SHORT_LOCK_WAIT)
+        await conn.execute(f'LOCK TABLE "{name}" IN ACCESS EXCLUSIVE MODE')  # no row comes in
+        if await conn.fetchval(f'SELECT EXISTS (SELECT FROM "{name}")'):
+            return False
+        await conn.execute(f'ALTER TABLE events DETACH PARTITION "{name}"')
+        await conn.execute(f'DROP TABLE "{name}"')
+    log.info("events_partition_dropped", partition=name)
+    return True

@@ -186,3 +186,46 @@ async def test_making_a_month_gives_way_to_a_reader_and_never_holds_a_move(
             "events_2034_06",
             "events_2034_09",
         }
+
+
+async def test_a_month_left_empty_is_dropped_once_it_has_settled(settings: Settings) -> None:
+    """Once every table of a past month is archived (its rows deleted), the month's partition
+    is detached and dropped; a month that still has rows, the current month and one that
+    ended within ``SETTLE`` stay; a partition another transaction is reading gives way."""
+    clock = clock_at(2036, 1, 20)
+    async with (
+        replica(quiet(settings), clock) as (api, maintenance),
+        connection(settings) as db,
+        connection(settings) as reader,
+    ):
+        await run(maintenance)  # January to March
+        table_id, a, b = await api.table_for_two()
+        await move(api, table_id, [a, b])
+        assert {home for _, home in await homes(db, table_id)} == {"events_2036_01"}
+
+        clock.advance(40 * 86400)  # 1 March: February ended a day ago, not yet settled
+        done = await run(maintenance)
+        assert done["empty_months"] == 0
+        assert await bounds(db, "events_2036_02") is not None
+
+        clock.advance(5 * 86400)  # 6 March: February has settled, and is empty
+        done = await run(maintenance)
+        assert done["empty_months"] == 1
+        assert await bounds(db, "events_2036_02") is None
+        assert await db.fetchval("SELECT to_regclass('events_2036_02')") is None
+        assert await bounds(db, "events_2036_01") is not None  # it still has the table's rows
+        assert await bounds(db, "events_2036_03") is not None  # the current month, empty
+
+        count = len(await homes(db, table_id))
+        await db.execute("DELETE FROM events WHERE table_id = $1", table_id)  # as archived
+        async with reader.transaction():  # a read of January holds it: the drop gives way
+            await reader.fetch("SELECT count(*) FROM events_2036_01")
+            done = await asyncio.wait_for(run(maintenance), 5.0)
+            assert await bounds(db, "events_2036_01") is not None
+        assert gave_way(maintenance, "empty_months") >= 1
+        assert (await run(maintenance))["empty_months"] >= 1
+        assert await db.fetchval("SELECT to_regclass('events_2036_01')") is None
+        assert count > 3
+        # a table's log still reads, and a new move still lands in its month
+        await move(api, table_id, [a, b])
+        assert {home for _, home in await homes(db, table_id)} == {"events_2036_03"}
