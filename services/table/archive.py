@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import hashlib
 import os
@@ -191,6 +192,9 @@ class ArchiveStore(Protocol):
     def location(self, key: str) -> str:
         """Where ``key`` is, as a URL a person can follow."""
 
+    async def delete(self, key: str) -> None:
+        """Delete what is at ``key``, if anything."""
+
 
 class DirectoryStore:
     """Records as files under a directory (development, tests; a mounted volume)."""
@@ -225,6 +229,10 @@ class DirectoryStore:
         """``file:///dir/key``."""
         return (self.root / key).absolute().as_uri()
 
+    async def delete(self, key: str) -> None:
+        """Remove the file, if there."""
+        await asyncio.to_thread((self.root / key).unlink, missing_ok=True)
+
 
 class BucketStore:
     """Records as objects of an S3 bucket, through obstore (its client is Rust's
@@ -253,6 +261,10 @@ class BucketStore:
         """One GET."""
         result = await obstore.get_async(self.store, key)
         return bytes(await result.bytes_async())
+
+    async def delete(self, key: str) -> None:
+        """One DELETE (none there is no error: S3's DELETE is idempotent)."""
+        await obstore.delete_async(self.store, key)
 
     def location(self, key: str) -> str:
         """``s3://bucket/prefix/key``."""
@@ -310,8 +322,10 @@ WITH e AS (DELETE FROM events WHERE table_id = $1),
     h AS (DELETE FROM hands WHERE table_id = $1),
     c AS (DELETE FROM commands WHERE table_id = $1),
     d AS (DELETE FROM deadlines WHERE table_id = $1),
-    t AS (DELETE FROM tables WHERE table_id = $1)
-INSERT INTO archived (table_id, key, location, sha256, archived_at) VALUES ($1, $2, $3, $4, $5)
+    t AS (DELETE FROM tables WHERE table_id = $1 RETURNING creator_id, seats)
+INSERT INTO archived (table_id, key, location, sha256, archived_at, players)
+SELECT $1, $2, $3, $4, $5, array_remove(ARRAY[t.creator_id, t.seats #>> '{1,id}'], NULL)
+FROM t
 """
 
 
@@ -458,6 +472,23 @@ async def restore(pool: asyncpg.Pool, store: ArchiveStore, table_id: str) -> Hea
         await conn.execute("DELETE FROM archived WHERE table_id = $1", table_id)
     log.info("table_restored", table_id=table_id, location=store.location(key))
     return record.header
+
+
+async def restore_for_erasure(pool: asyncpg.Pool, store: ArchiveStore, subject: str) -> list[str]:
+    """Restore every archived table ``subject`` sat at, so that an erasure reaches their rows;
+    the keys of their records, which still name the person: the caller deletes them once the
+    erasure has committed (a re-archived table is written again, under its new last move)."""
+    async with pool.acquire() as conn:
+        found = await conn.fetch(
+            "SELECT table_id, key FROM archived WHERE players @> ARRAY[$1::text] ORDER BY 1",
+            subject,
+        )
+    keys = []
+    for table_id, key in found:
+        with contextlib.suppress(NotArchived):  # restored meanwhile: erased with the others
+            await restore(pool, store, table_id)
+        keys.append(key)
+    return keys
 
 
 async def _insert(conn: Conn, table: str, rows: Sequence[str]) -> None:

@@ -36,7 +36,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from services.table import store
+from services.table import archive, store
 from services.table.decide import Actor
 from services.table.port import PgStore
 from services.table.store import Change
@@ -49,6 +49,7 @@ from shared.infra.auth import Identity
 from shared.infra.db import Conn
 from shared.infra.outbox import NOTIFY_CHANNEL
 from shared.infra.settings import Settings
+from shared.infra.web import Refused
 
 log = structlog.get_logger()
 ERASED_NAME = "Jogador removido"
@@ -265,6 +266,38 @@ async def erase_in_transaction(pool: asyncpg.Pool, tables: Tables, identity: Ide
     raise AssertionError("unreachable")
 
 
+async def erase_everywhere(
+    pool: asyncpg.Pool, tables: Tables, identity: Identity, archive_url: str
+) -> Erased:
+    """``erase_in_transaction``, reaching the archive too: the archived tables the person sat
+    at are restored first (so their rows are erased as any other's), and once the erasure
+    has committed their old records, which still name the person, are deleted from the
+    archive. An archive that cannot be read answers 503 with nothing erased; a record that
+    cannot be deleted afterwards is logged by its key (never the subject) for an operator."""
+    archived = archive.store_of(archive_url)
+    keys: list[str] = []
+    if archived is not None:
+        try:
+            keys = await archive.restore_for_erasure(pool, archived, identity.id)
+        except Exception as exc:
+            log.warning("erasure_archive_unavailable", error=repr(exc))
+            raise Refused(
+                503,
+                "archive_unavailable",
+                "the archive of ended tables cannot be read now, so nothing was erased:"
+                " try again in a while",
+                headers={"Retry-After": "60"},
+            ) from exc
+    erased = await erase_in_transaction(pool, tables, identity)
+    for key in keys:
+        assert archived is not None
+        try:
+            await archived.delete(key)
+        except Exception as exc:
+            log.error("erasure_archive_record_left", key=key, error=repr(exc))
+    return erased
+
+
 async def erase_subject(settings: Settings, subject: str) -> int:
     """The operator's erasure of one subject (``python -m services.table.erasure``): the
     same transaction, then one NOTIFY that wakes the table's relays. The number of tables."""
@@ -278,7 +311,7 @@ async def erase_subject(settings: Settings, subject: str) -> int:
     )
     try:
         tables = Tables(settings.public_url, settings.absence_after_s, settings.expiry_after_s)
-        erased = await erase_in_transaction(pool, tables, Identity(subject, ""))
+        erased = await erase_everywhere(pool, tables, Identity(subject, ""), settings.archive_url)
         async with pool.acquire() as conn:
             await conn.execute("SELECT pg_notify($1, '')", NOTIFY_CHANNEL)
     finally:
@@ -292,7 +325,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or not argv[0]:
         print("usage: python -m services.table.erasure <subject>", file=sys.stderr)
         return 2
-    count = asyncio.run(erase_subject(Settings.from_env(), argv[0]))
+    try:
+        count = asyncio.run(erase_subject(Settings.from_env(), argv[0]))
+    except Refused as exc:  # the archive could not be read: nothing erased
+        print(f"not erased: {exc.message}", file=sys.stderr)
+        return 1
     print(f"erased: the subject's seats at {count} table(s) are pseudonymous now")
     return 0
 

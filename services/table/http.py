@@ -279,7 +279,9 @@ async def erase_player(request: web.Request) -> web.Response:
     assert identity is not None
     await limit(request, "preferences", identity)
     tables = request.app[TABLES]
-    erased = await erasure.erase_in_transaction(request.app[POOL], tables, identity)
+    erased = await erasure.erase_everywhere(
+        request.app[POOL], tables, identity, request.app[SETTINGS].archive_url
+    )
     erasure.forget(tables, identity.id, erased)
     for change in erased.changes:
         request.app[COMMITTED](change)

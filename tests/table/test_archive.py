@@ -450,3 +450,82 @@ async def test_the_maintenance_step_archives_by_the_settings(
         assert [await step(conn, at(clock)) for _ in range(3)] == [2, 1, 0]
     records = await asyncio.to_thread(lambda: list(tmp_path.rglob("*.jsonl.gz")))
     assert len(records) == 3
+
+
+def records(root: Path) -> list[Path]:
+    """The archive's records under ``root``."""
+    return list(root.rglob("*.jsonl.gz"))
+
+
+def names_in(root: Path, *needles: str) -> list[str]:
+    """The records under ``root`` (gunzipped) in which any of ``needles`` appears."""
+    found = []
+    for path in records(root):
+        text = gzip.decompress(path.read_bytes()).decode()
+        if any(needle in text for needle in needles):
+            found.append(str(path.relative_to(root)))
+    return found
+
+
+async def test_an_erasure_reaches_the_archive(
+    arena: tuple[Api, asyncpg.Pool], own: Settings, clock: Clock, tmp_path: Path
+) -> None:
+    """A person who sat at an archived table asks to be erased: the table is restored, erased
+    as any other (its seat the pseudonym), and its old record, which named the person, is
+    deleted; archived again later, its record names nobody."""
+    api, pool = arena
+    subject, name = f"sub-arquivada-{time.monotonic_ns()}", "Ana Arquivada"
+    ana, bia = api.token(name, subject), api.token("Bia")
+    created = await api.create(ana)
+    table_id = created["table_id"]
+    status, body = await api.call(
+        "POST", f"/v1/tables/{table_id}/join", bia, {"invite_code": created["invite_code"]}
+    )
+    assert status == 200, body
+    to_act = (await api.view(table_id))["hand"]["to_act"]
+    status, body = await api.command(table_id, [ana, bia][to_act], type="resign")
+    assert status == 200, body
+    clock.advance(AFTER_S + 1)
+    store = DirectoryStore(tmp_path)
+    assert await archive.archive_due(pool, store, at(clock), AFTER_S, 10) == 1
+    assert len(names_in(tmp_path, subject, name)) == 1  # the record names her
+    async with pool.acquire() as conn:
+        assert await conn.fetchval(
+            "SELECT players FROM archived WHERE table_id = $1", table_id
+        ) == [subject, body["view"]["seats"][1]["id"]]
+
+    site_settings = msgspec.structs.replace(own, archive_url=tmp_path.as_uri())
+    async with open_api(site_settings, clock=clock) as site:
+        status, _ = await site.call("DELETE", "/v1/players/me", ana)
+        assert status == 204
+        status, view = await site.call("GET", f"/v1/tables/{table_id}")
+        assert status == 200, view  # restored, and erased there
+        assert view["seats"][0]["name"] == "Jogador removido"
+        assert subject not in msgspec.json.encode(view).decode()
+        assert (await site.call("DELETE", "/v1/players/me", ana))[0] == 204  # nothing left
+    assert names_in(tmp_path, subject, name) == []  # the old record is gone
+    async with pool.acquire() as conn:
+        assert await archive.archived_location(conn, table_id) is None
+
+    clock.advance(AFTER_S + 1)  # archived again: a record that names nobody
+    assert await archive.archive_due(pool, store, at(clock), AFTER_S, 10) == 1
+    assert records(tmp_path)
+    assert names_in(tmp_path, subject, name) == []
+
+
+async def test_an_erasure_with_the_archive_away_erases_nothing_and_says_so(
+    arena: tuple[Api, asyncpg.Pool], own: Settings, clock: Clock, tmp_path: Path
+) -> None:
+    api, pool = arena
+    table_id, tokens = await ended_by_resign(api)
+    clock.advance(AFTER_S + 1)
+    assert await archive.archive_due(pool, DirectoryStore(tmp_path), at(clock), AFTER_S, 10) == 1
+    (record,) = records(tmp_path)
+    record.rename(record.with_suffix(".moved"))  # the record cannot be read
+    site_settings = msgspec.structs.replace(own, archive_url=tmp_path.as_uri())
+    async with open_api(site_settings, clock=clock) as site:
+        status, body = await site.call("DELETE", "/v1/players/me", tokens[0])
+        assert status == 503, body
+        assert body["error"]["code"] == "archive_unavailable"
+    async with pool.acquire() as conn:
+        assert await archive.archived_location(conn, table_id) is not None  # still archived
