@@ -3,8 +3,8 @@
 ``python -m bench engine``, ``python -m bench table``, ``python -m bench spectators``,
 ``python -m bench backend`` (every service as a process: bench/backend.py) or
 ``python -m bench bots`` or ``python -m bench season`` (bench/season.py) runs one group. The
-bots group (whole tournaments) and the season group (a season of data filled in the database:
-some 20 minutes at its default size) run by default only when ``BENCH_BOTS_MATCHES`` and
+bots group (whole tournaments) and the season group (a season of data filled in a database,
+far longer than the others) run by default only when ``BENCH_BOTS_MATCHES`` and
 ``BENCH_SEASON_EVENTS`` are set, and after the others, so they never share their timing.
 """
 

@@ -1,21 +1,21 @@
 """A season of data behind the move path (issue 32): the table service's moves with months of
 finished tables in its database as without them, and the maintenance task on that backlog.
 
-On one run's own database (``table_load.table_service``): the paced round of
-``python -m bench table`` (BENCH_MATCHES players thinking BENCH_THINK_S for BENCH_SECONDS) on
-the empty database; then a season filled in SQL in the same database, BENCH_SEASON_EVENTS
+On one run's own database (``table_load.table_service``): BENCH_SEASON_ROUNDS paced rounds
+of ``python -m bench table`` (BENCH_MATCHES players thinking BENCH_THINK_S for BENCH_SECONDS)
+on the empty database; then a season filled in SQL in the same database, BENCH_SEASON_EVENTS
 events (10,000,000) over finished tables spread over the BENCH_SEASON_DAYS (182) before now
 (the app's clock), each with 60 to 200 events, their commands and hand records; copies of the
-first round's stored events and command answers, and of hand records the engine plays, with
-their ids, seqs and times varied, so every row has a real one's size. Then the same round
-again (no VACUUM, ANALYZE or warm-up in between: autovacuum runs as it does), one run of the
-maintenance task on the season with the app's clock at its end and a day's retention, and
-the hot tables' sizes after it. Columns a later schema adds (events.at, commands.answered_at)
-are filled where information_schema shows them; a partitioned events table gets the season's
-monthly partitions first, as the maintenance task would have made them month after month.
+first rounds' stored events and command answers, and of hand records the engine plays, with
+their ids, seqs and times varied, so every row has a real one's size. Then as many rounds
+again (no VACUUM, ANALYZE or warm-up in between: autovacuum runs as it does), a run of the
+maintenance task on the season with the app's clock at its end and a day's retention, the
+run after it, and the hot tables' sizes. events.at and commands.answered_at (migrations 010
+and 011) are filled where information_schema shows them; a partitioned events table gets the
+season's monthly partitions first, as the maintenance task would have made them.
 
 Each step is one JSON line; ``season_goals`` last: p99 and CPU per move with the season over
-without it, the maintenance run's seconds and the commands' rows before and after it.
+without it, the maintenance runs' seconds and the commands' rows before and after them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -36,10 +38,11 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry
 
-from bench.backend import process_times, tree
+from bench.backend import process_times
 from bench.table_load import (
     BENCH_POSTGRES,
     POOL_SIZE,
+    ROOT,
     THINK_S,
     emit,
     measured_round,
@@ -47,7 +50,7 @@ from bench.table_load import (
     postgres_settings,
     table_service,
 )
-from services.table import maintenance
+from services.table import archive, maintenance
 from shared.contracts import commands as c
 from shared.contracts.events import HandEnded
 from shared.contracts.options import TableOptions
@@ -61,6 +64,9 @@ DAYS = float(os.environ.get("BENCH_SEASON_DAYS", "182"))
 # what is measured; the summary pools their samples.
 ROUNDS = int(os.environ.get("BENCH_SEASON_ROUNDS", "2"))
 RETENTION_S = float(os.environ.get("BENCH_SEASON_RETENTION_S", "86400"))
+# The maintenance run archives the tables ended GIN_ARCHIVE_AFTER_S ago, as the app does with
+# GIN_ARCHIVE_URL set (to a directory of this run's, removed after); 0: it does not.
+ARCHIVE = os.environ.get("BENCH_SEASON_ARCHIVE", "1") == "1"
 # The fill's statements, each over a slice of the season's tables (its progress on stderr).
 CHUNKS = int(os.environ.get("BENCH_SEASON_CHUNKS", "8"))
 SCHEMA = "gin_table"
@@ -104,20 +110,17 @@ def main() -> None:
 
 def observed_round(url: str, base: str, pid: int) -> dict[str, Any]:
     """The paced round (``table_load.measured_round``), with what this run's PostgreSQL
-    spent meanwhile by kind of process (ms a second of the round, set-up and drain included):
-    its backends, autovacuum, the writers (checkpointer, background writer, WAL writer) and
-    processes that ended (the server's reaped children: an autovacuum worker's whole life)."""
+    spent meanwhile by kind of process (``ServerCpu``), in ms a second of the whole round
+    (its set-up and drain included)."""
     postmaster = asyncio.run(postmaster_pid(url))
-    before = postgres_kinds(postmaster)
     running = asyncio.run(autovacuum_running(url))
     began = time.perf_counter()
-    figures = measured_round(url, base, pid, THINK_S)
+    with ServerCpu(postmaster) as server:
+        figures = measured_round(url, base, pid, THINK_S)
     seconds = time.perf_counter() - began
-    after = postgres_kinds(postmaster)
     figures["autovacuum_running_at_start"] = running
     figures["this_postgresql_cpu_ms_per_s"] = {
-        kind: round((after.get(kind, 0.0) - before.get(kind, 0.0)) * 1000 / seconds, 1)
-        for kind in sorted(set(before) | set(after))
+        kind: round(spent * 1000 / seconds, 1) for kind, spent in server.by_kind().items()
     }
     return figures
 
@@ -132,26 +135,83 @@ async def postmaster_pid(url: str) -> int:
         await conn.close()
 
 
-def postgres_kinds(postmaster: int) -> dict[str, float]:
-    """CPU seconds so far of one server's processes, by kind (their titles say it)."""
-    times = process_times()
-    kinds: dict[str, float] = {"ended": times[postmaster].reaped}
-    for pid in tree(times, [postmaster]):
-        kind = "postmaster" if pid == postmaster else _kind(pid)
-        kinds[kind] = kinds.get(kind, 0.0) + times[pid].own
-    return kinds
+class ServerCpu:
+    """One PostgreSQL server's CPU seconds by kind of process over a span (a context
+    manager): its backends, autovacuum, the writers (checkpointer, background writer, WAL
+    writer) and the postmaster. Its processes are read every ``interval`` s, so one that ends
+    meanwhile (an autovacuum worker done with its table) counts up to its last reading under
+    its kind; what no reading saw (a process born and ended between two, the last moments of
+    one that ended) is ``unseen``, from the postmaster's reaped-children time."""
 
+    def __init__(self, postmaster: int, interval: float = 1.0) -> None:
+        self.postmaster = postmaster
+        self.interval = interval
+        self.first: dict[int, float] = {}  # own seconds at the start, of those alive then
+        self.last: dict[int, tuple[str, float]] = {}  # kind and own seconds when last read
+        self.reaped = 0.0
+        self.alive: set[int] = set()  # at the last reading
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="server-cpu", daemon=True)
 
-def _kind(pid: int) -> str:
-    try:
-        title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
+    def __enter__(self) -> ServerCpu:
+        self.reaped = -self._read()
+        self.first = {pid: own for pid, (_, own) in self.last.items()}
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join()
+        self.reaped += self._read()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            self._read()
+
+    def _read(self) -> float:
+        """Read every child's own seconds; the postmaster's reaped-children seconds."""
+        tick = os.sysconf("SC_CLK_TCK")
+        base = Path(f"/proc/{self.postmaster}")
+        pids = (base / "task" / str(self.postmaster) / "children").read_text().split()
+        reaped = 0.0
+        alive = set()
+        for pid in [self.postmaster, *map(int, pids)]:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            alive.add(pid)
+            fields = stat[stat.rindex(")") + 2 :].split()
+            kind = self.last[pid][0] if pid in self.last else self._kind(pid)
+            self.last[pid] = (kind, (int(fields[11]) + int(fields[12])) / tick)
+            if pid == self.postmaster:  # cutime and cstime: fields 16 and 17 of proc(5)
+                reaped = (int(fields[13]) + int(fields[14])) / tick
+        self.alive = alive
+        return reaped
+
+    def _kind(self, pid: int) -> str:
+        if pid == self.postmaster:
+            return "postmaster"
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return "backends"
+        if "autovacuum" in title:
+            return "autovacuum"
+        if any(w in title for w in ("checkpointer", "background writer", "walwriter")):
+            return "writers"
         return "backends"
-    if "autovacuum" in title:
-        return "autovacuum"
-    if any(w in title for w in ("checkpointer", "background writer", "walwriter")):
-        return "writers"
-    return "backends"
+
+    def by_kind(self) -> dict[str, float]:
+        """The span's CPU seconds by kind."""
+        spent = {"backends": 0.0, "autovacuum": 0.0, "writers": 0.0, "postmaster": 0.0}
+        for pid, (kind, own) in self.last.items():
+            spent[kind] += own - self.first.get(pid, 0.0)
+        # The reaped time holds the whole lives of those that ended: what their last readings
+        # did not see of them, and those never read.
+        ended = sum(own for pid, (_, own) in self.last.items() if pid not in self.alive)
+        spent["unseen"] = max(self.reaped - ended, 0.0)
+        return spent
 
 
 async def autovacuum_running(url: str) -> list[str]:
@@ -446,18 +506,25 @@ SELECT table_id FROM public.season_tables WHERE n >= $1 AND n < $2
 
 
 async def maintenance_run(url: str, now: float) -> dict[str, Any]:
-    """One run of the table's maintenance task (``Maintenance.run_once``: every step) on the
-    season, the app's clock at ``now``, answers kept RETENTION_S: what each step did, its
-    seconds, and the hot tables' sizes before and after."""
+    """One run of the table's maintenance task (``Maintenance.run_once``: every step, the
+    archive's too as the app adds it, to a directory of this run's unless BENCH_SEASON_ARCHIVE
+    is 0) on the season, the app's clock at ``now``, answers kept RETENTION_S: what each step
+    did, its seconds, the run after it, and the hot tables' sizes before and after."""
+    store = ROOT / ".run" / "bench" / f"season-archive-{os.getpid()}"
+    settings = Settings.from_env(
+        command_retention_s=RETENTION_S, archive_url=f"file://{store}" if ARCHIVE else ""
+    )
     pool = await asyncpg.create_pool(
-        url, min_size=1, max_size=2, server_settings={"search_path": SCHEMA}
+        url, min_size=1, max_size=2 + archive.WRITERS, server_settings={"search_path": SCHEMA}
     )
     assert pool is not None
     try:
         async with pool.acquire() as conn:
             before = await sizes(conn)
-        settings = Settings.from_env(command_retention_s=RETENTION_S)
         task = maintenance.Maintenance(pool, settings, CollectorRegistry(), lambda: now, SCHEMA)
+        step = archive.archive_step(pool, settings)
+        if step is not None:
+            task.steps.append(("archive", step))
         began = time.perf_counter()
         done = await task.run_once()
         seconds = time.perf_counter() - began
@@ -467,8 +534,10 @@ async def maintenance_run(url: str, now: float) -> dict[str, Any]:
         began = time.perf_counter()
         next_done = await task.run_once()
         next_seconds = time.perf_counter() - began
+        archived = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
     finally:
         await pool.close()
+        shutil.rmtree(store, ignore_errors=True)
     # A backend's row counts reach the statistics when it ends, or within a second or so.
     await asyncio.sleep(2)
     reader = await asyncpg.connect(url)
@@ -484,6 +553,8 @@ async def maintenance_run(url: str, now: float) -> dict[str, Any]:
         "every_s": settings.maintenance_every_s,
         "next_done": next_done,
         "next_seconds": round(next_seconds, 2),
+        "archive": "file" if ARCHIVE else None,
+        "archived_bytes": archived,
         "sizes_before": before,
         "sizes_after": after,
     }
@@ -499,19 +570,30 @@ def goals(
     maintained: dict[str, Any],
 ) -> dict[str, Any]:
     """The season's figures side by side: the p99 of every round's samples pooled, the
-    median answer p99 and the mean CPU per move (service, relay and PostgreSQL) with the
-    season over without it; the maintenance run; the hot tables before and after it."""
+    median answer p99 and the mean CPU per move of the move path with the season over without
+    it; autovacuum's apart; the maintenance runs; the hot tables before and after them."""
+
+    def server(r: dict[str, Any], *kinds: str) -> float:
+        """This run's PostgreSQL, ms a move of some kinds: its ms a second over the round
+        over the round's moves a second (set-up and drain included: an estimate)."""
+        per_s = r["this_postgresql_cpu_ms_per_s"]
+        return float(sum(per_s.get(k, 0.0) for k in kinds) / r["per_s"])
 
     def cpu(rounds: list[dict[str, Any]]) -> float:
+        """The move path's: the service, its relay and this run's PostgreSQL but autovacuum
+        (table_load's ``postgresql`` part counts every server of the machine)."""
         return round(
             statistics.fmean(
                 r["cpu_ms_per_move"]["service"]
                 + r["cpu_ms_per_move"].get("relay", 0.0)
-                + r["cpu_ms_per_move"]["postgresql"]
+                + server(r, "backends", "writers", "postmaster")
                 for r in rounds
             ),
             3,
         )
+
+    def autovacuum(rounds: list[dict[str, Any]]) -> float:
+        return round(statistics.fmean(server(r, "autovacuum", "unseen") for r in rounds), 3)
 
     def machine(rounds: list[dict[str, Any]]) -> float:
         return round(statistics.fmean(r["machine_cpu_ms_per_move"] for r in rounds), 3)
@@ -524,20 +606,6 @@ def goals(
 
     def ratio(a: float, b: float) -> float | None:
         return round(b / a, 3) if a else None
-
-    def kinds(rounds: list[dict[str, Any]]) -> dict[str, float]:
-        """This run's PostgreSQL by kind of process, ms a move: its ms a second over each
-        round over the round's moves a second (set-up and drain included: an estimate)."""
-        found = {k for r in rounds for k in r["this_postgresql_cpu_ms_per_s"]}
-        return {
-            k: round(
-                statistics.fmean(
-                    r["this_postgresql_cpu_ms_per_s"].get(k, 0.0) / r["per_s"] for r in rounds
-                ),
-                3,
-            )
-            for k in sorted(found)
-        }
 
     before = maintained["sizes_before"]
     after = maintained["sizes_after"]
@@ -554,10 +622,10 @@ def goals(
         "cpu_ms_per_move_without": cpu(without),
         "cpu_ms_per_move_with": cpu(with_),
         "cpu_ratio": ratio(cpu(without), cpu(with_)),
-        # Autovacuum's work on the season's rows (its first pass over the tables the fill
-        # grew) is in the "with" rounds' PostgreSQL part, apart here.
-        "this_postgresql_ms_per_move_without": kinds(without),
-        "this_postgresql_ms_per_move_with": kinds(with_),
+        # Autovacuum's (its first pass over the tables the fill grew, in the "with" rounds)
+        # and what ended unseen, per move of the round.
+        "autovacuum_cpu_ms_per_move_without": autovacuum(without),
+        "autovacuum_cpu_ms_per_move_with": autovacuum(with_),
         "machine_cpu_ms_per_move_without": machine(without),
         "machine_cpu_ms_per_move_with": machine(with_),
         "machine_cpu_ratio": ratio(machine(without), machine(with_)),

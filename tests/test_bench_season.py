@@ -28,9 +28,9 @@ def _round(p99_ms: float, answer_ms: float, service: float) -> dict[str, object]
     return {
         "_latencies_ms": [1.0] * 99 + [p99_ms],
         "command_to_answer_p99_ms": answer_ms,
-        "cpu_ms_per_move": {"service": service, "relay": 0.5, "postgresql": 1.0},
+        "cpu_ms_per_move": {"service": service, "relay": 0.5, "postgresql": 9.0},
         "machine_cpu_ms_per_move": 4.0,
-        "this_postgresql_cpu_ms_per_s": {"backends": 100.0 * service, "autovacuum": 50.0},
+        "this_postgresql_cpu_ms_per_s": {"backends": 100.0, "autovacuum": 50.0, "unseen": 10.0},
         "per_s": 100.0,
     }
 
@@ -61,4 +61,4 @@ def test_goals_compare_the_rounds_with_the_season_to_those_without() -> None:
     assert summary["machine_cpu_ratio"] == 1.0
     assert summary["maintenance_s_first_run"] == 2.5
     assert summary["maintenance_s_next_run"] == 0.1
-    assert summary["this_postgresql_ms_per_move_with"] == {"autovacuum": 0.5, "backends": 3.5}
+    assert summary["autovacuum_cpu_ms_per_move_with"] == 0.6
