@@ -5,9 +5,11 @@ advisory lock; the one that holds it runs the steps, one after the other, and le
 one replica at a time, and a replica that dies mid-run frees it with its session. Steps:
 
 - ``partitions``: the event log's monthly partitions (migration 011) for the service clock's
-  month and the next ``MONTHS_AHEAD``, each made beside the log and attached to it (ATTACH
-  PARTITION takes SHARE UPDATE EXCLUSIVE on ``events``: moves go on), with the rows of its
-  month that fell into ``events_default`` meanwhile moved into it first.
+  month and the next ``MONTHS_AHEAD``, each made beside the log and attached to it, with the
+  rows of its month that fell into ``events_default`` meanwhile moved into it first. Moves
+  wait for that transaction (a move routed to the default partition before it and written
+  after it would break the default's new bounds), readers do not; with the task on time the
+  month is made two months ahead, and its transaction moves nothing.
 - ``command_answers``: the stored answers given ``command_retention_s`` ago or earlier (by the
   service's clock, as the move path writes them), ``maintenance_batch`` rows a transaction,
   a pause between transactions. A batch locks only its own rows (those another transaction
@@ -28,9 +30,10 @@ added to ``steps``: it runs with the lock held, on the run's connection or any o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -92,6 +95,18 @@ class GaveWay(Exception):
     def __init__(self, done: int) -> None:
         super().__init__(f"gave way after {done}")
         self.done = done
+
+
+@contextlib.contextmanager
+def giving_way(done: int) -> Iterator[None]:
+    """A lock not had within ``LOCK_TIMEOUT_MS`` ends the step: ``GaveWay`` with what it did
+    so far (the next run goes on); any other error is the step's."""
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate == LOCK_NOT_AVAILABLE:
+            raise GaveWay(done) from exc
+        raise
 
 
 class Maintenance:
@@ -174,12 +189,8 @@ class Maintenance:
         not made yet; how many were made."""
         made = 0
         for first in months_from(now, 1 + MONTHS_AHEAD):
-            try:
+            with giving_way(made):
                 made += await make_month(conn, first)
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate == LOCK_NOT_AVAILABLE:
-                    raise GaveWay(made) from exc
-                raise
         return made
 
     async def delete_command_answers(self, conn: Conn, now: datetime) -> int:
@@ -188,14 +199,10 @@ class Maintenance:
         cutoff = now - self.retention
         deleted = 0
         while True:
-            try:
+            with giving_way(deleted):
                 async with conn.transaction():
                     await conn.execute(_SHORT_LOCK_WAIT)
                     status = await conn.execute(_DELETE_ANSWERS, cutoff, self.batch)
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate == LOCK_NOT_AVAILABLE:
-                    raise GaveWay(deleted) from exc
-                raise
             count = int(status.split()[-1])
             deleted += count
             if count < self.batch:
@@ -236,9 +243,10 @@ async def make_month(conn: Conn, first: datetime) -> bool:
     held more than ``LOCK_TIMEOUT_MS``:
 
     1. a table of its own, beside the log, with the log's columns;
-    2. the month's rows out of ``events_default`` into it (ACCESS EXCLUSIVE on the default
-       partition, which ATTACH takes anyway: only a move whose month has no partition writes
-       there, and only readers of the log wait, for as long as this transaction);
+    2. the log locked against writers (SHARE: a move in flight finishes first, and the next
+       wait for this transaction, as short as the default partition is), and the month's rows
+       moved out of ``events_default`` into it (ACCESS EXCLUSIVE on the default partition,
+       which ATTACH takes anyway);
     3. a CHECK of its range, so ATTACH need not scan it; attached; the CHECK dropped.
     """
     name = partition_name(first)
@@ -249,6 +257,11 @@ async def make_month(conn: Conn, first: datetime) -> bool:
     async with conn.transaction():
         await conn.execute(_SHORT_LOCK_WAIT)
         await conn.execute(f'CREATE TABLE "{name}" (LIKE events INCLUDING DEFAULTS)')
+        # First the log itself, against writers (SHARE: reads go on): a move's statement that
+        # had routed an event of this month to the default partition, then waited there for
+        # this transaction, would find the default's bounds changed under it and fail. Moves
+        # in flight finish first; the next wait here and route afresh once it commits.
+        await conn.execute("LOCK TABLE events IN SHARE MODE")
         await conn.execute("LOCK TABLE events_default IN ACCESS EXCLUSIVE MODE")
         status = await conn.execute(
             f"WITH moved AS (DELETE FROM events_default WHERE at >= {low} AND at < {high}"
@@ -284,12 +297,8 @@ async def drop_empty_months(conn: Conn, now: datetime) -> int:
         first = datetime.strptime(name, "events_%Y_%m").replace(tzinfo=UTC)
         if months_from(first + timedelta(days=32), 1)[0] + SETTLE > now:
             break  # in name order: the later ones ended later still
-        try:
+        with giving_way(dropped):
             dropped += await _drop_if_empty(conn, name)
-        except asyncpg.PostgresError as exc:
-            if exc.sqlstate == LOCK_NOT_AVAILABLE:
-                raise GaveWay(dropped) from exc
-            raise
     return dropped
 
 

@@ -10,7 +10,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+import pytest
 
+from services.table import maintenance
 from services.table.maintenance import months_from, partition_name
 from shared.infra.db import Conn
 from shared.infra.settings import Settings
@@ -229,3 +231,51 @@ async def test_a_month_left_empty_is_dropped_once_it_has_settled(settings: Setti
         # a table's log still reads, and a new move still lands in its month
         await move(api, table_id, [a, b])
         assert {home for _, home in await homes(db, table_id)} == {"events_2036_03"}
+
+
+async def test_a_move_routed_to_default_while_its_month_is_made_is_not_refused(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move whose event of a month with no partition yet would go to the default partition
+    comes while the task makes that month: it waits, then lands in the new partition. Were it
+    routed to the default first and written after the month was attached, PostgreSQL would
+    refuse the row (the default's bounds changed under it): a move answered 500. The order is
+    forced: a reader holds the default partition, the task waits for it, the move comes."""
+    monkeypatch.setattr(maintenance, "_SHORT_LOCK_WAIT", "SET LOCAL lock_timeout = '10s'")
+    month = datetime(2038, 3, 1, tzinfo=UTC)
+    async with (
+        replica(quiet(settings), clock_at(2045, 1, 1)) as (_, task_of_the_app),
+        connection(settings) as task,
+        connection(settings) as reader,
+        connection(settings) as mover,
+        connection(settings) as db,
+    ):
+        await run(task_of_the_app)  # its run at start is over: the schema is there, 2045 made
+        assert await bounds(db, "events_2038_03") is None
+        reading = reader.transaction()
+        await reading.start()
+        await reader.execute("LOCK TABLE events_default IN ACCESS SHARE MODE")
+        making = asyncio.create_task(maintenance.make_month(task, month))
+        await waiting_for_a_lock(db, task)
+        moving = asyncio.create_task(
+            mover.execute(
+                "INSERT INTO events (table_id, seq, type, envelope, at)"
+                " VALUES ('raced', 1, 'x', '{}', '2038-03-15 12:00+00')"
+            )
+        )
+        await waiting_for_a_lock(db, mover)
+        await reading.commit()
+        assert await asyncio.wait_for(making, 10) is True
+        await asyncio.wait_for(moving, 10)  # not refused
+        assert await homes(db, "raced") == [(1, "events_2038_03")]
+        await db.execute("DELETE FROM events WHERE table_id = 'raced'")
+
+
+async def waiting_for_a_lock(db: Conn, conn: Conn) -> None:
+    """Until ``conn``'s backend waits for a lock."""
+    pid = conn.get_server_pid()
+    async with asyncio.timeout(10):
+        while not await db.fetchval(
+            "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted)", pid
+        ):
+            await asyncio.sleep(0.01)
