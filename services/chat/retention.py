@@ -118,16 +118,11 @@ async def run(
     pool: asyncpg.Pool, clock: Callable[[], float], every_s: float, after_s: float, batch: int
 ) -> None:
     """A run now and every ``every_s``; a database away is tried again shortly."""
-    while True:
-        pause = every_s
-        try:
-            await run_once(pool, datetime.fromtimestamp(clock(), UTC), after_s, batch)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("chat_retention_failed", error=repr(exc), retry_in_s=ERROR_BACKOFF_S)
-            pause = min(pause, ERROR_BACKOFF_S)
-        await asyncio.sleep(pause)
+
+    async def once() -> int | None:
+        return await run_once(pool, datetime.fromtimestamp(clock(), UTC), after_s, batch)
+
+    await service.every(every_s, once, "chat_retention_failed", ERROR_BACKOFF_S)
 
 
 async def running(app: web.Application) -> AsyncIterator[None]:

@@ -40,6 +40,7 @@ import asyncpg
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shared.infra import service
 from shared.infra.db import Conn
 from shared.infra.settings import Settings
 
@@ -137,16 +138,7 @@ class Maintenance:
 
     async def run(self) -> None:
         """A run now and every ``every_s``; survive database outages."""
-        while True:
-            pause = self.every_s
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("maintenance_failed", error=repr(exc), retry_in_s=ERROR_BACKOFF_S)
-                pause = min(pause, ERROR_BACKOFF_S)
-            await asyncio.sleep(pause)
+        await service.every(self.every_s, self.run_once, "maintenance_failed", ERROR_BACKOFF_S)
 
     async def run_once(self) -> dict[str, int] | None:
         """Every step, if this replica takes the lock: what each did (None: another replica

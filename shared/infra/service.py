@@ -198,6 +198,24 @@ class DatabaseProbe:
             conn.terminate()
 
 
+async def every(
+    seconds: float, work: Callable[[], Awaitable[object]], failed: str, backoff_s: float = 5.0
+) -> None:
+    """Run ``work`` now and every ``seconds`` until cancelled; one that fails (a database
+    away) is logged as ``failed`` and tried again after ``backoff_s`` (no later than
+    ``seconds``). The maintenance of the table and of the chat run so."""
+    while True:
+        pause = seconds
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            pause = min(pause, backoff_s)
+            log.warning(failed, error=repr(exc), retry_in_s=pause)
+        await asyncio.sleep(pause)
+
+
 def add_health(app: web.Application, database: bool = True) -> None:
     """/healthz, /readyz (PostgreSQL and RabbitMQ reachable) and /metrics.
 
