@@ -22,7 +22,8 @@ export class Refusal extends Error {
 }
 
 async function call(method, url, { token, body } = {}) {
-  const headers = {};
+  // Refusals' messages in Portuguese (a WebSocket sends the browser's own Accept-Language).
+  const headers = { "Accept-Language": "pt-BR" };
   if (token) headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
   let response;

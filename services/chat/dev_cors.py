@@ -44,7 +44,8 @@ def allow_dev_page(app: web.Application, public_url: str) -> None:
         response.headers["Vary"] = "Origin"
         if request.method == "OPTIONS":
             response.headers["Access-Control-Allow-Methods"] = "GET, POST"
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            allowed = "Authorization, Content-Type, Accept-Language"
+            response.headers["Access-Control-Allow-Headers"] = allowed
             response.headers["Access-Control-Max-Age"] = "600"
 
     app.router.add_route("OPTIONS", "/v1/tables/{id}/messages", preflight)

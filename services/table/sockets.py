@@ -43,6 +43,7 @@ from shared.infra.files import FileBudget
 from shared.infra.internals import SharedDeflateResponse
 from shared.infra.memory import MemoryBudget
 from shared.infra.service import POOL, SETTINGS
+from shared.infra.web import localized
 
 log = structlog.get_logger()
 _json = msgspec.json.Encoder()
@@ -187,6 +188,7 @@ async def _on_text(request: web.Request, client: Client, text: str) -> None:
 
 
 def _send_error(request: web.Request, client: Client, detail: ErrorDetail) -> None:
+    detail, _ = localized(request, detail)  # the language the upgrade request asked for
     request.app[HUB].send(client, _json.encode(WsError(error=detail)))
 
 

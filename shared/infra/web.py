@@ -1,7 +1,9 @@
 """The HTTP edge every service shares: the one error shape, refusals, per-request log context.
 
 A refused request answers ``{"error": {"code", "message", "rule"}}`` with a 4xx and changes
-nothing. Each service adds its own refusals (the engine's, say) through ``classify``.
+nothing. Each service adds its own refusals (the engine's, say) through ``classify``. A refusal
+is raised with its English message; the answer's message is in the language the request's
+``Accept-Language`` asks for (``shared/contracts/messages.py``), named by ``Content-Language``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from shared.contracts.api import TABLE_ID_PATTERN, ErrorBody, ErrorDetail
+from shared.contracts.messages import language_of, translated
 from shared.infra import db
 from shared.infra.auth import AuthError
 from shared.infra.ratelimit import RateLimited
@@ -76,11 +79,27 @@ def table_id_of(request: web.Request) -> str:
 
 
 def error_response(
-    status: int, detail: ErrorDetail, headers: Mapping[str, str] | None = None
+    status: int,
+    detail: ErrorDetail,
+    headers: Mapping[str, str] | None = None,
+    request: web.Request | None = None,
 ) -> web.Response:
-    """The one error shape."""
+    """The one error shape, its message in the language the request asks for (when given)."""
+    answer = dict(headers or {})
+    if request is not None:
+        detail, answer["Content-Language"] = localized(request, detail)
     body = _json.encode(ErrorBody(error=detail))
-    return web.json_response(body=body, status=status, headers=dict(headers or {}))
+    return web.json_response(body=body, status=status, headers=answer)
+
+
+def localized(request: web.Request, detail: ErrorDetail) -> tuple[ErrorDetail, str]:
+    """``detail`` with its message in the language of the request's ``Accept-Language``
+    (``shared/contracts/messages.py``), and that language."""
+    language = language_of(request.headers.get("Accept-Language"))
+    message = translated(detail.code, detail.message, language)
+    if message != detail.message:
+        detail = msgspec.structs.replace(detail, message=message)
+    return detail, language
 
 
 def refusal_of(exc: Exception) -> Refusal | None:
@@ -172,7 +191,8 @@ def refusals(
                 await _read_body(request)
             return await handler(request)
         except BodyTooSlow as exc:  # 408, and the connection closed: it is the client's
-            response = error_response(408, ErrorDetail(code="request_timeout", message=str(exc)))
+            detail = ErrorDetail(code="request_timeout", message=str(exc))
+            response = error_response(408, detail, request=request)
             response.force_close()
             # Sent now, then the connection closed: left to aiohttp, it would linger reading
             # the rest of the body the client is not sending.
@@ -193,6 +213,6 @@ def refusals(
         status, detail, headers = refusal
         if on_refused is not None:
             on_refused(request, status, detail)
-        return error_response(status, detail, headers)
+        return error_response(status, detail, headers, request)
 
     return middleware

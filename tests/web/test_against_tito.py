@@ -69,9 +69,9 @@ def test_a_person_plays_a_whole_match_against_tito(people: Any, stack: Stack) ->
     expected = requests.post(
         f"{stack.base}/v1/tables/{table}/commands",
         json=command,
-        headers={"Authorization": f"Bearer {token}"},
+        headers={"Authorization": f"Bearer {token}", "Accept-Language": "pt-BR"},
         timeout=10,
-    ).json()["error"]["message"]
+    ).json()["error"]["message"]  # the page asks for Portuguese, so it is told in Portuguese
     assert notice.inner_text() == f"Recusado: {expected}"
 
     # ORGANIZAR: the hand as the server arranges it (melds, the loose cards, SOBRA), or in
