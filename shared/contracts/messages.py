@@ -55,6 +55,30 @@ CATALOGUE: dict[str, tuple[Text, ...]] = {
     ),
     "rate_limited": (
         Text(
+            "too many tables: try again in a moment",
+            "mesas criadas demais: tente de novo daqui a pouco",
+        ),
+        Text(
+            "too many joins: try again in a moment",
+            "entradas em mesas demais: tente de novo daqui a pouco",
+        ),
+        Text(
+            "too many commands: try again in a moment",
+            "comandos demais: tente de novo daqui a pouco",
+        ),
+        Text(
+            "too many refusals: try again in a moment",
+            "comandos recusados demais: tente de novo daqui a pouco",
+        ),
+        Text(
+            "too many preferences: try again in a moment",
+            "mudanças de preferência demais: tente de novo daqui a pouco",
+        ),
+        Text(
+            "too many sockets: try again in a moment",
+            "conexões demais: tente de novo daqui a pouco",
+        ),
+        Text(
             "too many {action}: try again in a moment",
             "pedidos demais ({action}): tente de novo daqui a pouco",
         ),

@@ -161,6 +161,16 @@ def test_placeholders_are_filled_in_portuguese() -> None:
     )
 
 
+def test_each_rate_limit_is_named_in_portuguese() -> None:
+    for action in ("tables", "joins", "commands", "refusals", "preferences", "sockets"):
+        message = f"too many {action}: try again in a moment"
+        assert action not in translated("rate_limited", message, PORTUGUESE)
+    assert (
+        translated("rate_limited", "too many hops: try again in a moment", PORTUGUESE)
+        == "pedidos demais (hops): tente de novo daqui a pouco"
+    )
+
+
 def test_a_message_no_template_reads_stays_in_english() -> None:
     assert translated("stale_version", "something new", PORTUGUESE) == "something new"
     assert translated("no_such_code", "something new", PORTUGUESE) == "something new"
