@@ -96,9 +96,9 @@ def test_two_windows_play_each_other_while_a_third_watches(people: Any, stack: S
     expected = requests.post(
         f"{stack.base}/v1/tables/{table}/join",
         json={"invite_code": invite.rpartition("=")[2]},
-        headers={"Authorization": f"Bearer {token}"},
+        headers={"Authorization": f"Bearer {token}", "Accept-Language": "pt-BR"},
         timeout=10,
-    ).json()["error"]
+    ).json()["error"]  # the page asks for Portuguese, so it is told in Portuguese
     assert expected["code"] == "seat_taken"
     assert caio.page.locator("#notice").inner_text() == f"Recusado: {expected['message']}"
     assert caio.page.locator("#hand").count() == 0
