@@ -28,6 +28,31 @@ class Text(NamedTuple):
     pt: str
 
 
+def _at_path(*texts: Text, prefix: str = "") -> tuple[Text, ...]:
+    """msgspec's own messages of a body it refuses, each also with the JSON path it names."""
+    at = (" - at `{path}`", " - em `{path}`")
+    with_path = [Text(t.en + at[0], prefix + t.pt + at[1]) for t in texts]
+    return (*with_path, *(Text(t.en, prefix + t.pt) for t in texts))
+
+
+# How msgspec says a body does not fit its contract (``msgspec.ValidationError``).
+_DECODING = (
+    Text("Expected `{expected}`, got `{got}`", "esperava `{expected}`, veio `{got}`"),
+    Text("Object missing required field `{field}`", "falta o campo obrigatório `{field}`"),
+    Text("Object contains unknown field `{field}`", "o campo `{field}` não existe"),
+    Text("Invalid enum value {value}", "{value} não é um dos valores aceitos"),
+    Text("Invalid value {value}", "{value} não é um valor aceito"),
+    Text(
+        "Expected `{expected}` of length {bound}",
+        "esperava `{expected}` de comprimento {bound}",
+    ),
+    Text(
+        "Expected `{expected}` matching regex {pattern}",
+        "esperava `{expected}` que siga a expressão regular {pattern}",
+    ),
+    Text("Expected `{expected}` {bound}", "esperava `{expected}` {bound}"),
+)
+
 # Most specific variants first: a template that is only a placeholder reads any message.
 CATALOGUE: dict[str, tuple[Text, ...]] = {
     # --- the edge every service shares (shared/infra/web.py, auth.py, serving.py) --------
@@ -47,6 +72,7 @@ CATALOGUE: dict[str, tuple[Text, ...]] = {
             "send each message as a text frame of JSON, not a binary frame",
             "mande cada mensagem como um quadro de texto com JSON, não um quadro binário",
         ),
+        *_at_path(*_DECODING),
         Text("{detail}", "o pedido não é válido: {detail}"),
     ),
     "malformed_json": (
@@ -203,6 +229,7 @@ CATALOGUE: dict[str, tuple[Text, ...]] = {
     ),
     "unknown_command": (
         Text("{command} is not a seat's command", "{command} não é um comando de jogador"),
+        *_at_path(*_DECODING, prefix="esse comando não existe: "),
         Text("{detail}", "esse comando não existe: {detail}"),
     ),
     "timer_expires_only": (

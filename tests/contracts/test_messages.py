@@ -171,6 +171,36 @@ def test_each_rate_limit_is_named_in_portuguese() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("code", "message", "portuguese"),
+    [
+        (
+            "invalid_request",
+            "Expected `int`, got `str` - at `$.expected_version`",
+            "esperava `int`, veio `str` - em `$.expected_version`",
+        ),
+        (
+            "invalid_request",
+            "Object missing required field `invite_code`",
+            "falta o campo obrigatório `invite_code`",
+        ),
+        (
+            "invalid_request",
+            "Expected `str` of length <= 500 - at `$.text`",
+            "esperava `str` de comprimento <= 500 - em `$.text`",
+        ),
+        ("invalid_request", "Expected `int` >= 0", "esperava `int` >= 0"),
+        (
+            "unknown_command",
+            "Invalid value 'fold' - at `$.type`",
+            "esse comando não existe: 'fold' não é um valor aceito - em `$.type`",
+        ),
+    ],
+)
+def test_msgspec_refusals_are_read_in_portuguese(code: str, message: str, portuguese: str) -> None:
+    assert translated(code, message, PORTUGUESE) == portuguese
+
+
 def test_a_message_no_template_reads_stays_in_english() -> None:
     assert translated("stale_version", "something new", PORTUGUESE) == "something new"
     assert translated("no_such_code", "something new", PORTUGUESE) == "something new"
