@@ -356,9 +356,9 @@ async def play_to_the_end(
     raise AssertionError("the match did not end")
 
 
-@pytest.fixture
-async def db(settings: Settings, api: Api) -> AsyncIterator[asyncpg.Connection]:
-    """A plain connection to the table service's schema (the app migrated it)."""
+@contextlib.asynccontextmanager
+async def connection(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to the table service's schema."""
     conn = await asyncpg.connect(
         settings.database_url, server_settings={"search_path": "gin_table"}
     )
@@ -366,6 +366,13 @@ async def db(settings: Settings, api: Api) -> AsyncIterator[asyncpg.Connection]:
         yield conn
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def db(settings: Settings, api: Api) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to the table service's schema (the app migrated it)."""
+    async with connection(settings) as conn:
+        yield conn
 
 
 async def published(db: asyncpg.Connection, table_id: str, within_s: float = 10.0) -> None:

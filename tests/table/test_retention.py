@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import msgspec
 import pytest
 
@@ -21,7 +20,7 @@ from services.table.app import MAINTENANCE, create_app
 from services.table.maintenance import _DELETE_ANSWERS, Maintenance
 from shared.infra.db import Conn
 from shared.infra.settings import Settings
-from tests.table.conftest import Api, Clock, SeededShuffle, assert_error, serving
+from tests.table.conftest import Api, Clock, SeededShuffle, assert_error, connection, serving
 
 RETENTION_S = 60.0
 
@@ -48,17 +47,6 @@ async def run(maintenance: Maintenance, within_s: float = 10.0) -> dict[str, int
         assert time.monotonic() < deadline, "the maintenance lock was never free"
         await asyncio.sleep(0.02)
     return done
-
-
-@contextlib.asynccontextmanager
-async def connection(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(
-        settings.database_url, server_settings={"search_path": "gin_table"}
-    )
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def answers_of(conn: Conn, table_id: str) -> int:
