@@ -33,7 +33,7 @@ from aiohttp import web
 
 from services.chat.http import CHAT
 from shared.infra import service
-from shared.infra.db import Conn
+from shared.infra.db import Conn, session_lock
 from shared.infra.service import POOL, SETTINGS
 
 log = structlog.get_logger()
@@ -87,17 +87,12 @@ async def run_once(
 ) -> int | None:
     """One run, if this replica takes the lock: the tables whose chat was deleted (None:
     another replica is running)."""
-    async with pool.acquire() as conn:
-        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
+    async with session_lock(pool, LOCK_KEY) as conn:
+        if conn is None:
             return None
-        try:
-            await _in_batches(lambda: mark_ended(conn, now, batch), batch, pause_s)
-            cutoff = now - timedelta(seconds=after_s)
-            forgotten = await _in_batches(lambda: forget_ended(conn, cutoff, batch), batch, pause_s)
-        except BaseException:
-            conn.terminate()  # the lock is the session's: ending it frees the lock
-            raise
-        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+        await _in_batches(lambda: mark_ended(conn, now, batch), batch, pause_s)
+        cutoff = now - timedelta(seconds=after_s)
+        forgotten = await _in_batches(lambda: forget_ended(conn, cutoff, batch), batch, pause_s)
     if forgotten:
         log.info("chat_tables_forgotten", tables=forgotten)
     return forgotten

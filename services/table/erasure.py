@@ -46,7 +46,7 @@ from shared.contracts.envelope import wrap
 from shared.contracts.events import Player, PlayerErased
 from shared.infra import ratelimit
 from shared.infra.auth import Identity
-from shared.infra.db import Conn
+from shared.infra.db import Conn, create_pool
 from shared.infra.outbox import NOTIFY_CHANNEL
 from shared.infra.settings import Settings
 from shared.infra.web import Refused
@@ -303,12 +303,7 @@ async def erase_subject(settings: Settings, subject: str) -> int:
     same transaction, then one NOTIFY that wakes the table's relays. The number of tables."""
     from services.table.app import SCHEMA  # the app module opens nothing at import
 
-    pool = await asyncpg.create_pool(
-        settings.database_url,
-        min_size=1,
-        max_size=1,
-        server_settings={"search_path": SCHEMA, "application_name": "gin-erasure"},
-    )
+    pool = await create_pool(settings.database_url, SCHEMA, 2)
     try:
         tables = Tables(settings.public_url, settings.absence_after_s, settings.expiry_after_s)
         erased = await erase_everywhere(pool, tables, Identity(subject, ""), settings.archive_url)

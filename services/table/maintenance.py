@@ -41,7 +41,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.infra import service
-from shared.infra.db import Conn
+from shared.infra.db import Conn, session_lock
 from shared.infra.settings import Settings
 
 log = structlog.get_logger()
@@ -144,17 +144,10 @@ class Maintenance:
         """Every step, if this replica takes the lock: what each did (None: another replica
         holds the lock)."""
         began = time.perf_counter()
-        async with self.pool.acquire() as conn:
-            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", self.lock_key):
+        async with session_lock(self.pool, self.lock_key) as conn:
+            if conn is None:
                 return None
-            try:
-                done = await self._steps(conn)
-            except BaseException:
-                # The lock is the session's: ending it frees the lock whatever state the
-                # connection was left in (a cancelled statement, a lost server).
-                conn.terminate()
-                raise
-            await conn.execute("SELECT pg_advisory_unlock($1)", self.lock_key)
+            done = await self._steps(conn)
         seconds = time.perf_counter() - began
         self.metrics.seconds.observe(seconds)
         self.metrics.last_success.set(self.clock())

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -256,3 +257,21 @@ async def migrate_url(url: str, schema: str, *directories: Path) -> list[str]:
 
 # A connection of the pool or a plain one: what every store function takes.
 Conn = asyncpg.Connection | PoolConnectionProxy
+
+
+@contextlib.asynccontextmanager
+async def session_lock(pool: asyncpg.Pool, key: int) -> AsyncIterator[Conn | None]:
+    """A connection of ``pool`` holding PostgreSQL's session advisory lock ``key`` for the
+    block, or None when another session holds it (one replica at a time does the work). A
+    block that fails ends the connection's session, which frees the lock whatever state it
+    was left in (a cancelled statement, a lost server)."""
+    async with pool.acquire() as conn:
+        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+            yield None
+            return
+        try:
+            yield conn
+        except BaseException:
+            conn.terminate()
+            raise
+        await conn.execute("SELECT pg_advisory_unlock($1)", key)
