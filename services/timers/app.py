@@ -10,6 +10,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from services.timers import retention
 from services.timers.deadlines import Durations
 from services.timers.firing import DEFAULT_EXCHANGE, Firing
 from services.timers.metrics import TimerMetrics
@@ -42,6 +43,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     app[REGISTRY] = registry
     app[METRICS] = TimerMetrics(registry)
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
+    app.cleanup_ctx.append(retention.running(clock))  # archived tables' counters
     app.cleanup_ctx.append(_broker)
     service.add_health(app)
     return app

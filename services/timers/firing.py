@@ -215,7 +215,9 @@ class Firing:
 
     async def _message(self, conn: Conn, due: Due, now: datetime) -> OutboxRow:
         if due.kind == "absence":
-            return absence_claimable(due, now, await store.next_announcement(conn, due.table_id))
+            return absence_claimable(
+                due, now, await store.next_announcement(conn, due.table_id, now)
+            )
         return expire_command(due, self.prefix)
 
     def _fired(self, due: Due, now: datetime) -> Fired:

@@ -185,12 +185,29 @@ async def scanned(conn: Conn) -> dict[Kind, datetime]:
     return {kind: found[kind] for kind in KINDS}
 
 
-async def next_announcement(conn: Conn, table_id: str) -> int:
+async def next_announcement(conn: Conn, table_id: str, now: datetime) -> int:
     """The next number of the table's ``timer`` stream, taken in the caller's transaction."""
     number: int = await conn.fetchval(
-        "INSERT INTO announcements (table_id, last_seq) VALUES ($1, 1)"
-        " ON CONFLICT (table_id) DO UPDATE SET last_seq = announcements.last_seq + 1"
-        " RETURNING last_seq",
+        "INSERT INTO announcements (table_id, last_seq, announced_at) VALUES ($1, 1, $2)"
+        " ON CONFLICT (table_id) DO UPDATE SET last_seq = announcements.last_seq + 1,"
+        " announced_at = $2 RETURNING last_seq",
         table_id,
+        now,
     )
     return number
+
+
+# Counters idle since before $1 whose table has no deadlines row any more (archived: an open
+# or ended table keeps its row, and a restored one, ended, never fires again).
+_FORGET_ANNOUNCEMENTS = f"""
+DELETE FROM announcements WHERE table_id IN (
+    SELECT a.table_id FROM announcements a WHERE a.announced_at < $1
+        AND NOT EXISTS (SELECT FROM {TIMER_DEADLINES} d WHERE d.table_id = a.table_id)
+    LIMIT $2 FOR UPDATE SKIP LOCKED)
+"""
+
+
+async def forget_announcements(conn: Conn, cutoff: datetime, batch: int) -> int:
+    """Delete up to ``batch`` counters of archived tables idle since ``cutoff``; how many."""
+    status = await conn.execute(_FORGET_ANNOUNCEMENTS, cutoff, batch)
+    return int(status.split()[-1])

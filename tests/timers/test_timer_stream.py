@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -26,7 +27,7 @@ async def test_numbers_are_gap_free_per_table_and_never_reused(settings: Setting
             async with pool.acquire() as conn:
                 transaction = conn.transaction()
                 await transaction.start()
-                number = await store.next_announcement(conn, table_id)
+                number = await store.next_announcement(conn, table_id, datetime.now(UTC))
                 await asyncio.sleep(0.01)  # the others wait for this table's row meanwhile
                 if commit:
                     await transaction.commit()
