@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
+import aiormq.exceptions
 import asyncpg
 import msgspec
 import structlog
@@ -72,19 +73,23 @@ STARTUP_WAIT_S = 90.0  # under the pods' startupProbe (2 s x 60): then exit, and
 
 
 async def until_reachable(
-    what: str, attempt: Callable[[], Awaitable[T]], within_s: float | None = None
+    what: str,
+    attempt: Callable[[], Awaitable[T]],
+    within_s: float | None = None,
+    retry: Callable[[BaseException], bool] = transient,
 ) -> T:
-    """``attempt()``, tried again while it fails transiently (``consumer.transient``: the
-    server down, restarting or refusing connections) for ``within_s`` (``STARTUP_WAIT_S``):
-    a service started during an outage waits for it to end and starts then, instead of
-    exiting into a restart loop whose back-off outlasts the outage."""
+    """``attempt()``, tried again while it fails transiently (``retry``, by default
+    ``consumer.transient``: the server down, restarting or refusing connections) for
+    ``within_s`` (``STARTUP_WAIT_S``): a service started during an outage waits for it to end
+    and starts then, instead of exiting into a restart loop whose back-off outlasts the
+    outage."""
     deadline = time.monotonic() + (STARTUP_WAIT_S if within_s is None else within_s)
     pause = 0.2
     while True:
         try:
             return await attempt()
         except Exception as exc:
-            if not transient(exc) or time.monotonic() + pause > deadline:
+            if not retry(exc) or time.monotonic() + pause > deadline:
                 raise
             log.warning(f"waiting_for_{what}", error=repr(exc), retry_in_s=pause)
         await asyncio.sleep(pause)
@@ -119,10 +124,36 @@ async def open_broker(
     """Connect (robustly), declare the service's part of the topology
     (``amqp.declare_topology``); a confirming channel and the exchanges it publishes to."""
     settings = app[SETTINGS]
-    app[BROKER] = await until_reachable("broker", lambda: amqp.connect(settings.amqp_url))
-    channel = await app[BROKER].channel(publisher_confirms=True)
-    exchanges = await amqp.declare_topology(channel, settings.prefix, service)
-    return channel, exchanges
+    broker = app[BROKER] = await until_reachable("broker", lambda: amqp.connect(settings.amqp_url))
+
+    async def declared() -> tuple[AbstractRobustChannel, dict[str, AbstractExchange]]:
+        channel = await broker.channel(publisher_confirms=True)
+        try:
+            return channel, await amqp.declare_topology(channel, settings.prefix, service)
+        except BaseException:
+            if not channel.is_closed:
+                await channel.close()
+            raise
+
+    return await until_reachable("broker_topology", declared, retry=recovering_topology)
+
+
+def recovering_topology(exc: BaseException) -> bool:
+    """Whether a declaration failed only because the broker is still recovering its queues.
+
+    Just after a node (re)starts, declaring a durable queue it has not yet recovered (a
+    stream's leader not yet elected, a classic queue's home node "down or inaccessible")
+    answers ``NOT_FOUND`` and closes the channel: a new channel succeeds moments later. A
+    declaration the broker refuses for good (arguments unlike the existing queue's, access
+    refused) is not retried: it is a deploy's mistake, to be read in the log at once."""
+    if isinstance(
+        exc,
+        aiormq.exceptions.ChannelPreconditionFailed
+        | aiormq.exceptions.ChannelAccessRefused
+        | aiormq.exceptions.ChannelLockedResource,
+    ):
+        return False
+    return transient(exc)
 
 
 def relay(

@@ -7,10 +7,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
+import aio_pika
+import aiormq.exceptions
 import msgspec
 import pytest
+from aiohttp import web
 
+from shared.contracts.names import DEAD_LETTER
+from shared.infra import amqp, service
 from shared.infra.auth import UnsafeTokenSettings, check_token_settings
 from shared.infra.settings import Settings
 from tests.e2e.processes import ROOT, Service, free_port
@@ -95,3 +101,48 @@ async def test_safe_production_settings_start(settings: Settings) -> None:
     finally:
         service.stop()
     assert service.proc.returncode == 0
+
+
+async def test_a_queue_the_broker_is_still_recovering_is_declared_again() -> None:
+    """Just after a node restarts, declaring a queue it has not yet recovered answers NOT_FOUND
+    ("home node ... is down or inaccessible") and closes the channel: startup tries again on a
+    new channel instead of failing (seen in CI, the app started moments after a restart)."""
+    recovering = aiormq.exceptions.ChannelNotFoundEntity(
+        "NOT_FOUND - home node 'gin@localhost' of durable queue 'gin.events.history' in vhost"
+        " '/' is down or inaccessible"
+    )
+    attempts: list[int] = []
+
+    async def declare() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise recovering
+        return "declared"
+
+    assert service.recovering_topology(recovering)
+    assert await service.until_reachable("topology", declare, 5.0, service.recovering_topology)
+    assert len(attempts) == 3
+
+
+async def test_a_declaration_refused_for_good_fails_startup_at_once(settings: Settings) -> None:
+    """A queue declared with other arguments than the broker's (PRECONDITION_FAILED) is a
+    deploy's mistake: startup fails on the first attempt, with the broker's words, instead of
+    waiting out STARTUP_WAIT_S."""
+    own = msgspec.structs.replace(settings, prefix=f"{settings.prefix}refused.")
+    connection = await aio_pika.connect(own.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        # The dead-letter queue, classic and without its arguments, as an old deploy left it.
+        squatter = await channel.declare_queue(own.prefix + DEAD_LETTER, durable=True)
+        try:
+            app = web.Application()
+            app[service.SETTINGS] = own
+            started = time.monotonic()
+            with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="PRECONDITION"):
+                await service.open_broker(app, "table")
+            assert time.monotonic() - started < service.STARTUP_WAIT_S / 2
+            await app[service.BROKER].close()
+        finally:
+            await squatter.delete(if_unused=False, if_empty=False)
+            cleanup = await connection.channel()
+            await amqp.delete_topology(cleanup, own.prefix)
