@@ -11,6 +11,7 @@ prometheus``); without it those tests skip and say so.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from tests.deploy import served
-from tests.deploy.test_manifests import _alerts, named, of_kind, rendered
+from tests.deploy.test_manifests import ROOT, _alerts, named, of_kind, rendered
 
 CASES = Path(__file__).with_name("server_alerts_cases.yaml")
 Obj = dict[str, Any]
@@ -118,3 +119,13 @@ def test_the_cases_fail_when_an_alert_is_wrong(tmp_path: Path) -> None:
     code, output = _run_cases(tmp_path, rule)
     assert code != 0
     assert "GinSubscriberQueueBacklog" in output
+
+
+def test_the_subscribers_guide_names_their_alerts() -> None:
+    """docs/subscribing.md tells the teams which alerts watch their queues: those that exist,
+    every one of them."""
+    guide = (ROOT / "docs" / "subscribing.md").read_text()
+    alerts = {a["alert"] for a in _alerts(rendered("prod"))}
+    named_there = set(re.findall(r"\bGin[A-Z]\w+", guide))
+    assert named_there <= alerts, named_there - alerts
+    assert {a for a in alerts if a.startswith("GinSubscriber")} <= named_there
