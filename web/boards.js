@@ -2,7 +2,7 @@
 // (hand_ended and match_ended events, or the view's match.last_hand and match.result).
 
 import { cardEl, groupEl, label, labels } from "./cards.js";
-import { gameColumns, hollywoodTally, scoredInText } from "./sheet.js";
+import { gameColumns, hollywoodEnding, hollywoodTally, scoredInText } from "./sheet.js";
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -167,7 +167,9 @@ export function matchBoard(result, names) {
   const winner = result.winner === null ? "" : names[result.winner];
   // ``by`` is the seat that resigned, left or was absent; else the loser.
   const loserSeat = result.by !== null && result.by !== undefined ? result.by : result.winner === 0 ? 1 : 0;
-  const text = ENDING[result.reason] ? ENDING[result.reason](winner, names[loserSeat]) : result.reason;
+  const text =
+    hollywoodEnding(result, names) ||
+    (ENDING[result.reason] ? ENDING[result.reason](winner, names[loserSeat]) : result.reason);
   board.append(el("p", "board-how", text));
   if (hollywoodTally(result)) {
     board.append(sheetEl(result.games, names), hollywoodTallyEl(result, names));

@@ -57,3 +57,12 @@ export function hollywoodTally(result) {
   }));
   return { head, seats };
 }
+
+/** The match-end sentence of a Hollywood match won at the target (R9.11), or null. */
+export function hollywoodEnding(result, names) {
+  if (!result || !Array.isArray(result.games) || !result.games.length) return null;
+  if (result.reason !== "target" || result.winner === null || result.winner === undefined) return null;
+  const won = result.games.filter((g) => g.winner === result.winner).length;
+  const how = won === result.games.length ? "os três jogos" : `${won} dos três jogos`;
+  return `${names[result.winner]} venceu ${how} e a partida!`;
+}

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { gameColumns, hollywoodTally, scoredInText } from "../sheet.js";
+import { gameColumns, hollywoodEnding, hollywoodTally, scoredInText } from "../sheet.js";
 
 const NAMES = ["Ana", "Bia"];
 const tally = (points, boxes, game, total) => ({ points, hands_won: boxes, game_bonus: game, box_bonus: boxes * 25, total });
@@ -64,4 +64,13 @@ test("R9.11: the final tally, games 1 to 3 and their sum, per seat", () => {
     for (const { cells } of rows) assert.equal(cells[3], cells[0] + cells[1] + cells[2]);
   }
   assert.equal(hollywoodTally({ winner: 0, tally: sum }), null); // a plain match
+});
+
+test("R9.11: the winner won two or three of the games", () => {
+  const games = (winners) => winners.map((winner, i) => ({ game: i + 1, winner, closed: true, tally: [] }));
+  const result = (winners, reason = "target") => ({ winner: 1, reason, games: games(winners), tally: [] });
+  assert.equal(hollywoodEnding(result([0, 1, 1]), NAMES), "Bia venceu 2 dos três jogos e a partida!");
+  assert.equal(hollywoodEnding(result([1, 1, 1]), NAMES), "Bia venceu os três jogos e a partida!");
+  assert.equal(hollywoodEnding(result([0, 1, 1], "resigned"), NAMES), null); // R9.12: R9.3's words
+  assert.equal(hollywoodEnding({ winner: 1, reason: "target", tally: [] }, NAMES), null);
 });
