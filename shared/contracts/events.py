@@ -157,7 +157,13 @@ class GameColumn(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HandEnded(Event, tag="hand_ended", frozen=True, kw_only=True):
-    """The end-of-hand record: both hands revealed, layoffs, points, totals, the deck (R7.4)."""
+    """The end-of-hand record: both hands revealed, layoffs, points, totals, the deck (R7.4).
+
+    At a Hollywood table (R9.6 to R9.11) ``scored_in`` lists the games (1 to 3) the winner's
+    points went into (empty when those games had closed, or nobody won) and ``games`` is the
+    three columns after the hand; ``scores`` is then the three games' points added up. Both
+    are null at other tables.
+    """
 
     match: int
     hand: int
@@ -179,7 +185,11 @@ class HandEnded(Event, tag="hand_ended", frozen=True, kw_only=True):
 
 
 class MatchEnded(Event, tag="match_ended", frozen=True, kw_only=True):
-    """A match ended: by reaching the target, by resignation, leaving, absence or expiry."""
+    """A match ended: by reaching the target, by resignation, leaving, absence or expiry.
+
+    At a Hollywood table ``games`` is the three columns, each with its own tally, and
+    ``tally`` their sum; the target is reached when the third game closes (R9.11, R9.12).
+    """
 
     match: int
     winner: int | None
