@@ -212,6 +212,7 @@ function optionsFromForm(form) {
     dealer: f.dealer.value,
     straight_gin: f.straight_gin.checked,
     oklahoma: f.oklahoma.checked,
+    hollywood: f.hollywood.checked,
   };
 }
 

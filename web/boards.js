@@ -2,6 +2,7 @@
 // (hand_ended and match_ended events, or the view's match.last_hand and match.result).
 
 import { cardEl, groupEl, label, labels } from "./cards.js";
+import { gameColumns, hollywoodEnding, hollywoodTally, scoredInText } from "./sheet.js";
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -83,10 +84,72 @@ export function handBoard(record, names) {
       ? "Ninguém pontuou nesta mão."
       : `${names[record.winner]} fez ${record.points} ponto${record.points === 1 ? "" : "s"}.`;
   board.append(el("p", "board-points", points));
+  const scoredIn = scoredInText(record);
+  if (scoredIn) board.append(el("p", "board-scored-in", scoredIn));
   board.append(
     el("p", "board-scores", `Placar: ${names[0]} ${record.scores[0]} × ${record.scores[1]} ${names[1]}`),
   );
+  if (record.games) board.append(sheetEl(record.games, names));
   return board;
+}
+
+/** Hollywood's three columns (R9.11): a game per column, a seat per row; a closed game says who
+ * won it and each seat's total with its bonuses. */
+export function sheetEl(games, names) {
+  const columns = gameColumns(games, names);
+  const table = el("table", "sheet");
+  table.dataset.games = String(columns.length);
+  const head = el("tr");
+  head.append(el("th", "", ""));
+  for (const column of columns) {
+    const th = el("th", column.closed ? "closed" : "", column.title);
+    th.dataset.game = String(column.game);
+    head.append(th);
+  }
+  table.append(head);
+  for (const seat of [0, 1]) {
+    const tr = el("tr");
+    tr.dataset.seat = String(seat);
+    tr.append(el("th", "", names[seat]));
+    for (const column of columns) {
+      const cell = column.seats[seat];
+      const td = el("td", column.closed ? "closed" : "", cell.text);
+      td.dataset.game = String(column.game);
+      if (cell.total !== null) td.append(el("span", "sheet-total", `total ${cell.total}`));
+      tr.append(td);
+    }
+    table.append(tr);
+  }
+  const status = el("tr", "sheet-status");
+  status.append(el("th", "", ""));
+  for (const column of columns) status.append(el("td", column.closed ? "closed" : "", column.status));
+  table.append(status);
+  return table;
+}
+
+/** A Hollywood match's tally: games 1, 2, 3 and their sum, for each seat (R9.11). */
+function hollywoodTallyEl(result, names) {
+  const sheet = hollywoodTally(result);
+  const table = el("table", "tally hollywood-tally");
+  const head = el("tr");
+  head.append(el("th", "", ""));
+  for (const title of sheet.head) head.append(el("th", "", title));
+  table.append(head);
+  for (const { seat, rows } of sheet.seats) {
+    const name = el("tr", "tally-seat");
+    const th = el("th", "", names[seat]);
+    th.colSpan = sheet.head.length + 1;
+    name.append(th);
+    table.append(name);
+    for (const { title, key, cells } of rows) {
+      const tr = el("tr", key === "total" ? "total" : "");
+      tr.dataset.seat = String(seat);
+      tr.append(el("th", "", title));
+      for (const value of cells) tr.append(el("td", "", String(value)));
+      table.append(tr);
+    }
+  }
+  return table;
 }
 
 const ENDING = {
@@ -104,8 +167,14 @@ export function matchBoard(result, names) {
   const winner = result.winner === null ? "" : names[result.winner];
   // ``by`` is the seat that resigned, left or was absent; else the loser.
   const loserSeat = result.by !== null && result.by !== undefined ? result.by : result.winner === 0 ? 1 : 0;
-  const text = ENDING[result.reason] ? ENDING[result.reason](winner, names[loserSeat]) : result.reason;
+  const text =
+    hollywoodEnding(result, names) ||
+    (ENDING[result.reason] ? ENDING[result.reason](winner, names[loserSeat]) : result.reason);
   board.append(el("p", "board-how", text));
+  if (hollywoodTally(result)) {
+    board.append(sheetEl(result.games, names), hollywoodTallyEl(result, names));
+    return board;
+  }
   const table = el("table", "tally");
   const head = el("tr");
   head.append(el("th", "", ""), el("th", "", names[0]), el("th", "", names[1]));

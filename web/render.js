@@ -7,7 +7,7 @@
 // two elements have in common, and a drag never starts. No listener is bound here: app.js
 // listens once on the document and reads ``data-action`` and ``data-card``.
 
-import { handBoard, matchBoard } from "./boards.js";
+import { handBoard, matchBoard, sheetEl } from "./boards.js";
 import { backEl, bySuit, cardEl, label } from "./cards.js";
 import { busy, knockChoice, legal, myTurn, names, offered, rematchText } from "./state.js";
 
@@ -69,7 +69,8 @@ export function render(s) {
   const o = v.options;
   $("options-line").textContent =
     `Partida até ${o.target} · gin ${o.gin_bonus} · ${o.big_gin ? `big gin ${o.big_gin_bonus}` : "sem big gin"} · undercut ${o.undercut_bonus} · mão ${o.box_bonus} · partida ${o.game_bonus}/${o.shutout_bonus}` +
-    `${o.straight_gin ? " · straight gin" : ""}${o.oklahoma ? " · Oklahoma" : ""}`;
+    `${o.straight_gin ? " · straight gin" : ""}${o.oklahoma ? " · Oklahoma" : ""}${o.hollywood ? " · Hollywood" : ""}`;
+  renderGames(v, n);
   renderWaiting(v);
   const bottom = v.you === null ? 0 : v.you;
   renderSeat($("seat-top"), s, 1 - bottom, n);
@@ -139,6 +140,15 @@ function statusText(v, n) {
   }
   if (!mine) return `Vez de ${n[h.to_act]}: descartar.`;
   return "Descarte uma carta: toque nela e toque de novo, ou arraste-a até o descarte.";
+}
+
+/** Hollywood's three columns on the felt (R9.11), from the view's ``match.games``. */
+function renderGames(v, n) {
+  const box = $("games");
+  const games = v.match && v.match.games ? v.match.games : null;
+  box.hidden = !games;
+  if (!stale(box, games, n)) return;
+  box.replaceChildren(...(games ? [sheetEl(games, n)] : []));
 }
 
 function renderWaiting(v) {

@@ -129,8 +129,41 @@ class LaidOff(msgspec.Struct, frozen=True, kw_only=True):
     by: int
 
 
+class SeatTally(msgspec.Struct, frozen=True, kw_only=True):
+    """One seat's final tally (R9.2), of a match or of one Hollywood game (R9.9).
+
+    In a Hollywood match's summed tally ``hands_won`` is the boxes of the three games.
+    """
+
+    points: int
+    hands_won: int
+    game_bonus: int
+    box_bonus: int
+    total: int
+
+
+class GameColumn(msgspec.Struct, frozen=True, kw_only=True):
+    """One of a Hollywood match's three games (R9.6 to R9.12): its column on the score sheet.
+
+    ``boxes``: per seat, the hands whose points went into this game. ``tally`` once it closed.
+    """
+
+    game: int  # 1, 2 or 3
+    scores: list[int]
+    boxes: list[int]
+    closed: bool = False
+    winner: int | None = None
+    tally: list[SeatTally] | None = None
+
+
 class HandEnded(Event, tag="hand_ended", frozen=True, kw_only=True):
-    """The end-of-hand record: both hands revealed, layoffs, points, totals, the deck (R7.4)."""
+    """The end-of-hand record: both hands revealed, layoffs, points, totals, the deck (R7.4).
+
+    At a Hollywood table (R9.6 to R9.11) ``scored_in`` lists the games (1 to 3) the winner's
+    points went into (empty when those games had closed, or nobody won) and ``games`` is the
+    three columns after the hand; ``scores`` is then the three games' points added up. Both
+    are null at other tables.
+    """
 
     match: int
     hand: int
@@ -146,26 +179,24 @@ class HandEnded(Event, tag="hand_ended", frozen=True, kw_only=True):
     hands_won: list[int]
     deck: list[str]
     salt: str
-
-
-class SeatTally(msgspec.Struct, frozen=True, kw_only=True):
-    """One seat's final tally (R9.2)."""
-
-    points: int
-    hands_won: int
-    game_bonus: int
-    box_bonus: int
-    total: int
+    # Hollywood only (R9.7, R9.11): the games this hand's points went into, the columns after it
+    scored_in: list[int] | None = None
+    games: list[GameColumn] | None = None
 
 
 class MatchEnded(Event, tag="match_ended", frozen=True, kw_only=True):
-    """A match ended: by reaching the target, by resignation, leaving, absence or expiry."""
+    """A match ended: by reaching the target, by resignation, leaving, absence or expiry.
+
+    At a Hollywood table ``games`` is the three columns, each with its own tally, and
+    ``tally`` their sum; the target is reached when the third game closes (R9.11, R9.12).
+    """
 
     match: int
     winner: int | None
     reason: MatchEnding
     by: int | None = None
     tally: list[SeatTally]
+    games: list[GameColumn] | None = None  # Hollywood only: the three columns (R9.11)
 
 
 class RematchOffered(Event, tag="rematch_offered", frozen=True, kw_only=True):

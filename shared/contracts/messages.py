@@ -72,7 +72,13 @@ CATALOGUE: dict[str, tuple[Text, ...]] = {
             "send each message as a text frame of JSON, not a binary frame",
             "mande cada mensagem como um quadro de texto com JSON, não um quadro binário",
         ),
-        *_at_path(*_DECODING),
+        *_at_path(
+            Text(
+                "straight_gin and oklahoma set the knock limit two ways: choose one",
+                "straight_gin e oklahoma dão o limite para bater de dois jeitos: escolha um",
+            ),
+            *_DECODING,
+        ),
         Text("{detail}", "o pedido não é válido: {detail}"),
     ),
     "malformed_json": (

@@ -33,6 +33,7 @@ class TableOptions(msgspec.Struct, frozen=True, kw_only=True):
     dealer: DealerRule = "winner"
     straight_gin: bool = False
     oklahoma: bool = False
+    hollywood: bool = False  # three games scored at once (R9.6 to R9.12); combines with all
 
     def __post_init__(self) -> None:
         # msgspec checks the annotated limits only when decoding: check them here too, so an

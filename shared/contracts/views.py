@@ -11,7 +11,7 @@ from typing import Literal
 import msgspec
 
 from shared.contracts.commands import AnyCommand
-from shared.contracts.events import HandEnded, MatchEnded, Player
+from shared.contracts.events import GameColumn, HandEnded, MatchEnded, Player
 from shared.contracts.options import TableOptions
 
 HandPhase = Literal["upcard", "draw", "discard"]
@@ -62,6 +62,7 @@ class MatchView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     rematch_offers: list[int]
     last_hand: HandEnded | None = None
     result: MatchEnded | None = None
+    games: list[GameColumn] | None = None  # Hollywood tables only: the three columns (R9.11)
 
 
 class TableView(msgspec.Struct, frozen=True, kw_only=True):

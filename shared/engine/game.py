@@ -36,6 +36,7 @@ from shared.contracts.events import (
 from shared.contracts.options import TableOptions
 from shared.engine.cards import CARDS, POINTS, cards_of, mask_of, parse_card, points_of
 from shared.engine.errors import IllegalAction
+from shared.engine.hollywood import columns, games_of, match_winner, score_hand, summed
 from shared.engine.melds import (
     best_discard,
     best_meld_masks,
@@ -61,7 +62,12 @@ DEAD_HAND_AT = 2  # R8.1
 
 def new_game(options: TableOptions, timing: Timing) -> Result:
     """A game whose first match starts now; the caller deals next (R3.2: dealer by lot)."""
-    state = GameState(options=options, decision_since=timing.now, last_move_at=timing.now)
+    state = GameState(
+        options=options,
+        games=games_of(options),
+        decision_since=timing.now,
+        last_move_at=timing.now,
+    )
     return state, [MatchStarted(match=1, options=options)]
 
 
@@ -286,7 +292,9 @@ def _discard(state: GameState, seat: int, cmd: c.Discard, t: Timing) -> Result:
     )
     events: Events = [CardDiscarded(hand=hand.number, seat=seat, card=str(CARDS[card]))]
     if hand.stock_count <= DEAD_HAND_AT:  # R8.1: the hand is dead at this discard
-        record = hand_record(state.match, hand, state.scores, state.hands_won, "dead_hand")
+        record = hand_record(
+            state.match, hand, state.scores, state.hands_won, "dead_hand", **_unscored(state)
+        )
         events.append(record)
         state = replace(
             state,
@@ -388,8 +396,15 @@ def _hand_over(
     discard: int | None,
     auto: bool,
 ) -> Result:
-    scores = _with(state.scores, score.winner, state.scores[score.winner] + score.points)
     won = _with(state.hands_won, score.winner, state.hands_won[score.winner] + 1)
+    target = state.options.target
+    games, scored_in = score_hand(
+        state.games, score.winner, won[score.winner], score.points, target
+    )
+    if state.games:  # Hollywood: the total is the three games' points (R9.7)
+        scores = (sum(g.scores[0] for g in games), sum(g.scores[1] for g in games))
+    else:
+        scores = _with(state.scores, score.winner, state.scores[score.winner] + score.points)
     record = hand_record(
         state.match,
         hand,
@@ -403,14 +418,31 @@ def _hand_over(
         knocker=knocker,
         knock_discard=discard,
         auto_discard=auto,
+        games=columns(state.options, games) if games else None,
+        scored_in=scored_in if games else None,
     )
     state = replace(
-        state, hand=None, scores=scores, hands_won=won, last_hand=record, last_move_at=t.now
+        state,
+        hand=None,
+        scores=scores,
+        hands_won=won,
+        games=games,
+        last_hand=record,
+        last_move_at=t.now,
     )
-    if scores[score.winner] >= state.options.target:  # R9.1
+    if games and all(game.closed for game in games):  # R9.10: the third game closed
+        return _match_over(state, match_winner(games), "target", None, [record], bonuses=True)
+    if not games and scores[score.winner] >= target:  # R9.1
         return _match_over(state, score.winner, "target", None, [record], bonuses=True)
     dealer, reason = _next_dealer(state.options.dealer, hand.dealer, score.winner)
     return replace(state, next_dealer=dealer, next_reason=reason), [record]
+
+
+def _unscored(state: GameState) -> dict[str, Any]:
+    """A Hollywood record's columns for a hand that scored nothing (dead or abandoned)."""
+    if not state.games:
+        return {}
+    return {"games": columns(state.options, state.games), "scored_in": []}
 
 
 def _next_dealer(rule: str, dealer: int, winner: int) -> tuple[int, Any]:
@@ -429,13 +461,23 @@ def _match_over(
     events: Events,
     bonuses: bool,
 ) -> Result:
-    ended = MatchEnded(
-        match=state.match,
-        winner=winner,
-        reason=reason,
-        by=by,
-        tally=tally(state.options, state.scores, state.hands_won, winner, bonuses),
-    )
+    if state.games:  # Hollywood: closed games keep their bonuses, open ones get none (R9.12)
+        ended = MatchEnded(
+            match=state.match,
+            winner=winner,
+            reason=reason,
+            by=by,
+            tally=summed(state.options, state.games),
+            games=columns(state.options, state.games, final=True),
+        )
+    else:
+        ended = MatchEnded(
+            match=state.match,
+            winner=winner,
+            reason=reason,
+            by=by,
+            tally=tally(state.options, state.scores, state.hands_won, winner, bonuses),
+        )
     state = replace(
         state, status="match_over", hand=None, result=ended, rematch_offers=(False, False)
     )
@@ -449,7 +491,9 @@ def _abandon(state: GameState, winner: int | None, reason: MatchEnding, by: int 
     """End the match mid-way: reveal the hand on, if any (R9.3), no bonuses."""
     events: Events = []
     if state.hand is not None:
-        record = hand_record(state.match, state.hand, state.scores, state.hands_won, "abandoned")
+        record = hand_record(
+            state.match, state.hand, state.scores, state.hands_won, "abandoned", **_unscored(state)
+        )
         events.append(record)
         state = replace(state, last_hand=record)
     return _match_over(state, winner, reason, by, events, bonuses=False)
@@ -509,6 +553,7 @@ def _rematch(state: GameState, seat: int, cmd: c.Rematch, t: Timing) -> Result:
     fresh = GameState(
         options=state.options,
         match=number,
+        games=games_of(state.options),
         hands_dealt=state.hands_dealt,  # hand numbers run on across a table's matches
         decision_since=t.now,
         last_move_at=t.now,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.contracts.events import HandEnded, HandEnding, LaidOff, SeatHand, SeatTally
+from shared.contracts.events import (
+    GameColumn,
+    HandEnded,
+    HandEnding,
+    LaidOff,
+    SeatHand,
+    SeatTally,
+)
 from shared.contracts.options import TableOptions
 from shared.engine.cards import CARDS, TEXTS, cards_of, points_of
 from shared.engine.layoffs import best_layoffs
@@ -105,6 +112,8 @@ def hand_record(
     knocker: int | None = None,
     knock_discard: int | None = None,
     auto_discard: bool = False,
+    games: list[GameColumn] | None = None,
+    scored_in: list[int] | None = None,
 ) -> HandEnded:
     """The end-of-hand record (R7.4): both hands, layoffs, points, totals, deck and salt."""
     return HandEnded(
@@ -122,6 +131,8 @@ def hand_record(
         hands_won=list(hands_won),
         deck=texts(hand.deck),
         salt=hand.salt,
+        scored_in=scored_in,
+        games=games,
     )
 
 

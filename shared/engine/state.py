@@ -56,14 +56,31 @@ class HandState(msgspec.Struct, frozen=True, kw_only=True):
         return len(self.deck) - STOCK_START - self.stock_drawn
 
 
+class GameScore(msgspec.Struct, frozen=True, kw_only=True):
+    """One of a Hollywood match's three games (R9.6): points, boxes, and its winner once closed."""
+
+    scores: tuple[int, int] = (0, 0)
+    boxes: tuple[int, int] = (0, 0)  # hands whose points went into this game (R9.8)
+    winner: int | None = None  # set when the game closed (R9.9)
+
+    @property
+    def closed(self) -> bool:
+        """True once a player reached the target in this game."""
+        return self.winner is not None
+
+
+HOLLYWOOD_GAMES = (GameScore(), GameScore(), GameScore())
+
+
 class GameState(msgspec.Struct, frozen=True, kw_only=True):
     """A table's game: the current match (and its rematches), scores and the hand on."""
 
     options: TableOptions
     match: int = 1
     status: GameStatus = "playing"
-    scores: tuple[int, int] = (0, 0)
-    hands_won: tuple[int, int] = (0, 0)
+    scores: tuple[int, int] = (0, 0)  # Hollywood: the three games' points added up
+    hands_won: tuple[int, int] = (0, 0)  # Hollywood: every hand won, scored or not (R9.7)
+    games: tuple[GameScore, ...] = ()  # Hollywood only: the three games (R9.6)
     hands_dealt: int = 0
     hand: HandState | None = None
     next_dealer: int | None = None  # None: by lot

@@ -17,6 +17,7 @@ from shared.contracts.options import TableOptions
 from shared.contracts.views import ArrangementView, HandView, MatchView, TableStatus, TableView
 from shared.engine.cards import CARDS, TEXTS, cards_of
 from shared.engine.game import absence_allowed
+from shared.engine.hollywood import columns
 from shared.engine.melds import (
     arrangement_of,
     best_discard,
@@ -120,7 +121,8 @@ def hand_view(hand: HandState, seat: int | None) -> HandView:
 
 
 def match_view(state: GameState) -> MatchView:
-    """The match's public part: scores, hands won, dealer, last hand record, result."""
+    """The match's public part: scores, hands won, dealer, last hand record, result, and at a
+    Hollywood table the three games' columns (R9.11)."""
     return MatchView(
         number=state.match,
         scores=list(state.scores),
@@ -129,6 +131,9 @@ def match_view(state: GameState) -> MatchView:
         rematch_offers=[s for s in (0, 1) if state.rematch_offers[s]],
         last_hand=state.last_hand,
         result=state.result,
+        games=columns(state.options, state.games, final=state.result is not None)
+        if state.games
+        else None,
     )
 
 

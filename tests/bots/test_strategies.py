@@ -16,9 +16,9 @@ import msgspec
 import pytest
 
 from services.bots import tournament
-from services.bots.strategies import STRATEGIES, NoDecision, carmen, load, luna, tito
+from services.bots.strategies import STRATEGIES, NoDecision, carmen, knowledge, load, luna, tito
 from shared.contracts import commands as c
-from shared.contracts.events import AnyEvent, Player
+from shared.contracts.events import AnyEvent, MatchEnded, Player
 from shared.contracts.options import TableOptions
 from shared.contracts.views import TableView
 from shared.engine import Timing, apply, deal, new_game, to_act
@@ -138,6 +138,41 @@ def test_match_over_asks_for_a_rematch_once(name: str) -> None:
     state, _ = apply(state, 0, c.Rematch(), T0)
     with pytest.raises(NoDecision):
         STRATEGIES[name](seat_view(state, 0), random.Random(0))
+
+
+@pytest.mark.parametrize("names", [("tito", "carmen"), ("luna", "tito"), ("carmen", "luna")])
+def test_bots_play_a_hollywood_match_to_its_end(names: tuple[str, str]) -> None:
+    """R9.6 to R9.11: every bot keeps playing a Hollywood table, through the engine, until
+    all three games have closed (each move goes through ``apply``, which refuses any other)."""
+    views: list[TableView] = []
+    options = TableOptions(hollywood=True, target=40)
+    state, events, _ = play_match(names, 7, options, views)
+    assert state.status == "match_over"
+    assert state.result is not None
+    assert state.result.reason == "target"
+    assert [game.closed for game in state.games] == [True, True, True]
+    assert all(v.match is not None and v.match.games is not None for v in views)
+    assert any(isinstance(e, MatchEnded) and e.games is not None for e in events)
+    name = names[0]
+    assert STRATEGIES[name](seat_view(state, 0), random.Random(0)) == c.Rematch()
+
+
+def test_a_bot_weighs_the_first_open_hollywood_game() -> None:
+    """At a Hollywood table a bot's scores are those of the first game still open."""
+    options = TableOptions(hollywood=True, target=40)
+    views: list[TableView] = []
+    play_match(("luna", "carmen"), 3, options, views)
+    later = next(
+        v
+        for v in views
+        if v.match is not None and v.match.games and v.match.games[0].closed and v.hand
+    )
+    assert later.match is not None
+    assert later.match.games is not None
+    assert later.you is not None
+    game = next(g for g in later.match.games if not g.closed)
+    k = knowledge.read(later)
+    assert k.scores == (game.scores[later.you], game.scores[1 - later.you])
 
 
 @pytest.mark.parametrize("name", ["tito", "carmen", "luna"])

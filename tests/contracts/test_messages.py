@@ -191,6 +191,12 @@ def test_each_rate_limit_is_named_in_portuguese() -> None:
         ),
         ("invalid_request", "Expected `int` >= 0", "esperava `int` >= 0"),
         (
+            "invalid_request",
+            "straight_gin and oklahoma set the knock limit two ways: choose one - at `$.options`",
+            "straight_gin e oklahoma dão o limite para bater de dois jeitos: escolha um"
+            " - em `$.options`",
+        ),
+        (
             "unknown_command",
             "Invalid value 'fold' - at `$.type`",
             "esse comando não existe: 'fold' não é um valor aceito - em `$.type`",

@@ -56,6 +56,7 @@ def test_r9_5_defaults_are_selminhas():
         "dealer": "winner",
         "straight_gin": False,
         "oklahoma": False,
+        "hollywood": False,
     }
     assert msgspec.json.decode(b"{}", type=TableOptions) == options
 

@@ -559,6 +559,8 @@ async def test_bad_event_queries_are_400(api: Api, seated: Seated, query: str) -
         {"big_gin": "yes"},
         {"dealer": "random"},
         {"straight_gin": True, "oklahoma": True},
+        {"straight_gin": True, "oklahoma": True, "hollywood": True},
+        {"hollywood": "yes"},
         {"knock_limit": 5},
         [],
     ],

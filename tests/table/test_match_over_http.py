@@ -68,3 +68,31 @@ async def test_whole_match_over_http_with_every_event_once_in_order(
         assert status == 200
         assert record == ended[0]["data"]
         assert msgspec.json.encode(by_seq[last_seq]["data"]["type"]) == b'"match_ended"'
+
+
+async def test_r9_11_a_hollywood_match_over_http_carries_the_three_columns(api: Api) -> None:
+    """R9.6 to R9.11 through the table service: the option is kept, the views carry
+    ``match.games`` until all three games have closed, the record and the result too."""
+    table_id, a, b = await api.table_for_two({"hollywood": True, "target": 25})
+    start = await api.view(table_id)
+    assert start["options"]["hollywood"] is True
+    assert [g["scores"] for g in start["match"]["games"]] == [[0, 0]] * 3
+    final = await play_to_the_end(api, table_id, [a, b], seed=5)
+    assert final["status"] == "match_over"
+    games = final["match"]["games"]
+    assert [g["game"] for g in games] == [1, 2, 3]
+    assert all(g["closed"] and g["tally"] is not None for g in games)
+    result = final["match"]["result"]
+    assert result["reason"] == "target"
+    assert [g["winner"] for g in games].count(result["winner"]) >= 2
+    assert result["games"] == games
+    for seat in (0, 1):
+        assert result["tally"][seat]["total"] == sum(g["tally"][seat]["total"] for g in games)
+    assert final["match"]["last_hand"]["games"] == games  # the hand that closed game 3
+
+
+async def test_r9_6_a_plain_table_has_no_columns(api: Api) -> None:
+    table_id, _, _ = await api.table_for_two({"target": 25})
+    view = await api.view(table_id)
+    assert view["options"]["hollywood"] is False
+    assert "games" not in view["match"]

@@ -107,9 +107,15 @@ def read(view: TableView) -> Knowledge:
 
 
 def _scores(view: TableView, seat: int) -> tuple[int, int]:
+    """Mine and the opponent's; at a Hollywood table, in the first game still open (R9.10)."""
     if view.match is None:
         return (0, 0)
-    return (view.match.scores[seat], view.match.scores[1 - seat])
+    scores = view.match.scores
+    for game in view.match.games or ():
+        if not game.closed:
+            scores = game.scores
+            break
+    return (scores[seat], scores[1 - seat])
 
 
 def my_turn(view: TableView) -> HandView:
