@@ -7,7 +7,7 @@ DEV_LOCK := requirements/dev.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(DEV_LOCK) | cksum | cut -d' ' -f1)
 
 .PHONY: dev test check fmt bench chaos chaos-cluster venv lock clean servers servers-stop asyncapi openapi docs manifests \
-	browser node image image-tools \
+	browser node promtool image image-tools \
 	contracts-schema contracts-dist
 
 venv: $(STAMP)
@@ -29,7 +29,7 @@ lock: venv
 	$(BIN)/python scripts/lock.py lock $(if $(filter 1,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
 
 # The checks run first: CI (.ci/run) calls only `make test`, and a lint or type error fails it.
-test: check browser node image-tools
+test: check browser node promtool image-tools
 	node --test web/tests/
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -44,6 +44,21 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q chromium; \
 	  } >.run/chromium.log 2>&1 || \
 	  echo "make: chromium could not be installed (see .run/chromium.log): tests/web will skip"; }
+
+# The alerts and dashboards are checked with promtool (tests/deploy: `promtool check rules`,
+# `promtool test rules`), from Debian's prometheus package: installed here when missing, as
+# chromium (only promtool is used; the package's daemon is not started). When it cannot be,
+# those tests skip and say why.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  echo "make: installing Debian's prometheus for promtool"; \
+	  mkdir -p .run; \
+	  { $$sudo apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends \
+	      prometheus && { $$sudo systemctl disable --now prometheus 2>/dev/null || true; }; \
+	  } >.run/promtool.log 2>&1 || \
+	  echo "make: promtool could not be installed (see .run/promtool.log): its tests will skip"; }
 
 # web/tests (the page's reducer) run on Debian's nodejs: installed here when missing, as chromium.
 node:
