@@ -73,6 +73,11 @@ class Lobby:
         self.dirty: dict[str, set[str]] = {}  # table id -> the players to read it for
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        # While a socket's first page is read, every table heard of: those of the player's
+        # that changed during the read are read again after it (their events may have come
+        # before the player's tables were known here).
+        self.loading = 0
+        self.heard_meanwhile: set[str] = set()
 
     def start(self) -> None:
         """Start reading changed tables for the sockets."""
@@ -114,11 +119,21 @@ class Lobby:
         """The first page of the caller's open tables, and every open table watched."""
         assert client.identity is not None
         player = client.identity.id
-        async with self.pool.acquire() as conn:
-            ids = await open_table_ids(conn, player)
-            page = await self.lister.page(conn, player, "open", LIST_LIMIT, None, now)
+        self.loading += 1
+        try:
+            async with self.pool.acquire() as conn:
+                ids = await open_table_ids(conn, player)
+                page = await self.lister.page(conn, player, "open", LIST_LIMIT, None, now)
+        finally:
+            self.loading -= 1
+        changed = self.heard_meanwhile.intersection(ids)
+        if not self.loading:
+            self.heard_meanwhile.clear()
         for table_id in ids:
             self.watching.setdefault(table_id, set()).add(player)
+        for table_id in changed:
+            self.dirty.setdefault(table_id, set()).add(player)
+            self.wake.set()
         sent = self.sent.get(client)
         if sent is None:  # gone meanwhile
             return
@@ -130,6 +145,8 @@ class Lobby:
     def release(self, client: Client) -> None:
         """The socket is done: forgotten, its player's tables unwatched if it was the last."""
         client.gone = True
+        if client.expiry is not None:
+            client.expiry.cancel()
         if self.sent.pop(client, None) is None:
             return
         self.hub.sockets -= 1
@@ -159,6 +176,8 @@ class Lobby:
         may make a new table someone's here)."""
         if not self.players:
             return
+        if self.loading:
+            self.heard_meanwhile.add(table_id)
         players = set(self.watching.get(table_id, ()))
         if event_type in SEATING:
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):

@@ -4,21 +4,27 @@ own, the plan by index) and the player socket ``GET /v1/players/me/ws`` with the
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+import aiohttp
 import asyncpg
+import msgspec
 import pytest
 
 from services.table import listing
 from services.table.erasure import ERASED_NAME
+from services.table.ws import CLOSE_TOKEN_EXPIRED, CLOSE_TRY_AGAIN_LATER, TRY_AGAIN_REASON
+from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.table.conftest import (
     Api,
     Clock,
     assert_error,
+    open_api,
     published,
     ws_receive,
     ws_silent,
@@ -343,3 +349,33 @@ async def test_the_player_socket_tells_of_my_turn_and_not_of_others_tables(
 async def test_the_player_socket_needs_a_token(api: Api) -> None:
     status, body = await api.call("GET", "/v1/players/me/ws")
     assert status == 401, body
+
+
+async def test_the_player_socket_is_admitted_and_closed_as_a_table_socket_is(
+    settings: Settings,
+) -> None:
+    """GIN_MAX_SOCKETS counts player sockets with table sockets: past it, 1013 at once; a
+    player socket closes with 4001 when its token expires; it takes no messages."""
+    limited = msgspec.structs.replace(settings, max_sockets=1, auth_leeway_s=0.0)
+    async with open_api(limited) as api:
+        ana = api.token("Ana", uuid.uuid4().hex)
+        brief = mint(settings.auth_secret, uuid.uuid4().hex, "Breve", ttl_s=2)
+        async with api.client.ws_connect(f"/v1/players/me/ws?token={brief}") as first:
+            assert (await ws_receive(first))["kind"] == "tables"
+            await first.send_str("{}")
+            error = await ws_receive(first)
+            assert error["kind"] == "error"
+            assert error["error"]["code"] == "invalid_request"
+            async with api.client.ws_connect(f"/v1/players/me/ws?token={ana}") as second:
+                msg = await asyncio.wait_for(second.receive(), 10)
+                assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, CLOSE_TRY_AGAIN_LATER)
+                assert msg.extra == TRY_AGAIN_REASON
+            msg = await asyncio.wait_for(first.receive(), 15)
+            assert (msg.type, msg.data) == (aiohttp.WSMsgType.CLOSE, CLOSE_TOKEN_EXPIRED)
+        for _ in range(100):  # the server takes the closed socket off its count
+            async with api.client.ws_connect(f"/v1/players/me/ws?token={ana}") as again:
+                frame = await asyncio.wait_for(again.receive(), 10)
+                if frame.type == aiohttp.WSMsgType.TEXT:
+                    break
+            await asyncio.sleep(0.05)
+        assert frame.type == aiohttp.WSMsgType.TEXT, frame
