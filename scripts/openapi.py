@@ -329,9 +329,9 @@ OPS: tuple[Op, ...] = (
         " last move) first, then `table_id`. `next` is an opaque cursor for `after` (null on the"
         " last page), good only for its caller and its `status`. Paging while play goes on: the"
         " tables unchanged since the first page keep their places; those changed since (made,"
-        " moved, ended) come after them, by `table_id`: none is missed, and one that changed"
-        " after it was sent comes again with its entry then (keep the last entry of each"
-        " `table_id`). Counted against the `lists` limit (`GIN_RATE_LISTS`).",
+        " moved, ended) come after them, oldest change first: none is missed, and one that"
+        " changed after it was sent comes again with its entry then (keep the last entry of"
+        " each `table_id`). Counted against the `lists` limit (`GIN_RATE_LISTS`).",
         auth="required",
         ok=(200, "A page of the caller's tables.", "MyTables"),
         errors=(400, 401, 429, 503),

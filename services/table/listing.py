@@ -10,13 +10,15 @@ The order (``Key``): group 0, the tables where the caller has the decision; grou
 other open ones; group 2, the finished ones (``?status=finished`` or ``all``); within a
 group the oldest turn first (``turn_since``, else the last move), then the table id.
 
-Paging while play goes on: a turn's moment only ever moves to the time of the move that
-changed it, so a table whose key is not past the first page's moment (the cursor's
-``snapshot``) has not changed since, and keeps its place. The pages walk those in order;
-after them comes a tail of the tables changed since the first page (key past the snapshot,
-made or moved since), by table id. So no table is missed; one that changed after it was
-sent is sent again in the tail, its entry then current (a client keeps the last entry of a
-table id).
+Paging while play goes on: a table's key only ever moves to the time of the change that
+moved it (a decision given, a match over, a table closed), so a table whose key is not past
+the first page's moment (the cursor's ``snapshot``) has not changed since, and keeps its
+place. The pages walk those in order; after them comes a tail of the tables changed since
+the first page (key past the snapshot), oldest change first: one that changes again moves
+further down the tail, past the cursor. So no table is missed, and the last entry a client
+gets of each table is its entry as it was when the paging reached it, after its last change
+(a client keeps the last entry of a table id); one that changed after it was sent is sent
+again.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ _scores_decoder = msgspec.msgpack.Decoder(_Scores)
 
 
 class Cursor(msgspec.Struct, frozen=True, array_like=True):
-    """Where a page ends: the first page's moment, and the last entry's place (``tail``: in
-    the tail of tables changed since; else its group, key and table id)."""
+    """Where a page ends: the first page's moment, and the last entry's place: in the tail
+    of tables changed since or not, its group (0 in the tail), key and table id."""
 
     snapshot_us: int
     tail: bool
@@ -148,17 +150,13 @@ WITH mine AS (
     SELECT *, (k > $3)::int AS p FROM keyed
 ), page AS (
     SELECT table_id, you, absence_seat, absence_since, expiry_since, g, k, p FROM placed
-    WHERE (p, CASE WHEN p = 1 THEN 0 ELSE g END,
-            CASE WHEN p = 1 THEN '-infinity'::timestamptz ELSE k END, table_id)
-        > ($4, $5, $6, $7)
-    ORDER BY p, CASE WHEN p = 1 THEN 0 ELSE g END,
-        CASE WHEN p = 1 THEN '-infinity'::timestamptz ELSE k END, table_id
+    WHERE (p, CASE WHEN p = 1 THEN 0 ELSE g END, k, table_id) > ($4, $5, $6, $7)
+    ORDER BY p, CASE WHEN p = 1 THEN 0 ELSE g END, k, table_id
     LIMIT $8
 )
 SELECT page.*, t.status, t.seats::text AS seats, t.options::text AS options, t.state
 FROM page JOIN tables t ON t.table_id = page.table_id
-ORDER BY page.p, CASE WHEN page.p = 1 THEN 0 ELSE page.g END,
-    CASE WHEN page.p = 1 THEN '-infinity'::timestamptz ELSE page.k END, page.table_id
+ORDER BY page.p, CASE WHEN page.p = 1 THEN 0 ELSE page.g END, page.k, page.table_id
 """
 
 # One of the caller's tables (the player socket's frame), by the same branches.
@@ -203,8 +201,6 @@ class Lister:
         else:
             cursor = decode_cursor(after, self.secret, player, status)
             place = (int(cursor.tail), cursor.group, _moment(cursor.key_us), cursor.table_id)
-            if cursor.tail:
-                place = (1, 0, datetime.min.replace(tzinfo=UTC), cursor.table_id)
         rows = await conn.fetch(
             _MINE,
             player,
@@ -220,7 +216,7 @@ class Lister:
             mark = Cursor(
                 snapshot_us=cursor.snapshot_us,
                 tail=bool(last["p"]),
-                group=last["g"],
+                group=0 if last["p"] else last["g"],
                 key_us=_us(last["k"]),
                 table_id=last["table_id"],
             )
