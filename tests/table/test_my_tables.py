@@ -17,8 +17,10 @@ import pytest
 
 from services.table import listing
 from services.table.erasure import ERASED_NAME
+from services.table.http import READ_LIMITS
 from services.table.ws import CLOSE_TOKEN_EXPIRED, CLOSE_TRY_AGAIN_LATER, TRY_AGAIN_REASON
 from shared.infra.auth import mint
+from shared.infra.ratelimit import RateLimiter
 from shared.infra.settings import Settings
 from tests.table.conftest import (
     Api,
@@ -142,6 +144,8 @@ async def test_my_tables_are_mine_my_turn_first_then_the_longest_waiting(
     api: Api, clock: Clock
 ) -> None:
     ana, opened, tokens = await seat_ana_at_many(api, clock)
+    async with api.client.ws_connect(f"/v1/tables/{tokens['strangers']}/ws?token={ana}") as ws:
+        assert (await ws_receive(ws))["kind"] == "snapshot"  # Ana watches: no table of hers
     status, page = await my_tables(api, ana, "?limit=100")
     assert status == 200, page
     assert page["next"] is None
@@ -374,3 +378,21 @@ async def test_the_player_socket_is_admitted_and_closed_as_a_table_socket_is(
                     break
             await asyncio.sleep(0.05)
         assert frame.type == aiohttp.WSMsgType.TEXT, frame
+
+
+async def test_the_list_counts_against_its_own_limit(settings: Settings) -> None:
+    """The limited reads name limits the rate limiter has; past ``GIN_RATE_LISTS`` the list
+    is 429 ``rate_limited`` with Retry-After, and another caller is not held back."""
+    known = set(RateLimiter.from_settings(None, Settings()).limits)  # type: ignore[arg-type]
+    assert set(READ_LIMITS.values()) <= known
+    assert READ_LIMITS[("GET", "/v1/players/me/tables")] == "lists"
+    limited = msgspec.structs.replace(settings, rate_lists=2)
+    async with open_api(limited) as api:
+        ana, bia = (api.token(n, uuid.uuid4().hex) for n in ("Ana", "Bia"))
+        for _ in range(2):
+            assert (await my_tables(api, ana))[0] == 200
+        async with api.client.get("/v1/players/me/tables", headers=api.auth(ana)) as r:
+            assert r.status == 429
+            assert int(r.headers["Retry-After"]) >= 1
+            assert (await r.json())["error"]["code"] == "rate_limited"
+        assert (await my_tables(api, bia))[0] == 200
