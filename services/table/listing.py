@@ -131,8 +131,8 @@ def _moment(us: int) -> datetime:
 
 # The caller's tables with their place in the order (group g, key k, tail p), by index: each
 # branch one index (seat 0's person, seat 1's), each table's turn by deadlines' primary key.
-# ``scope`` narrows to one table (the player socket); the page's rows then read their seats,
-# options and scores. Row comparison on (p, group, key, id): the keyset of the cursor.
+# Only the page's rows then read their seats, options and scores. Row comparison on (p,
+# group, key, id): the keyset of the cursor (the tail's group is 0: ordered by key alone).
 _MINE = """
 WITH mine AS (
     SELECT t.table_id, 0 AS you, t.status, t.last_move_at FROM tables t

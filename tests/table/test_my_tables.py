@@ -272,8 +272,7 @@ async def test_the_list_is_served_by_indexes(
     their turns by ``deadlines``' key, and reads no table whole (scans made unattractive, as
     on a large table: a small one is read whole however it is indexed)."""
     ana, _, _ = await seat_ana_at_many(api, clock)
-    player = ana  # the token's sub is what the query takes: read it back from a list
-    status, page = await my_tables(api, ana)
+    status, page = await my_tables(api, ana)  # the query takes the token's sub: read it back
     assert status == 200
     view = await api.view(page["tables"][0]["table_id"], ana)
     player = view["seats"][view["you"]]["id"]
