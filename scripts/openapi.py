@@ -24,7 +24,13 @@ from asyncapi import render  # a sibling script, not a package
 from services.chat.http import PostMessage
 from services.table import ws
 from shared.contracts import api
-from shared.contracts.api import MAX_HAND, MAX_SEQ, TABLE_ID_PATTERN
+from shared.contracts.api import (
+    LIST_LIMIT,
+    MAX_HAND,
+    MAX_LIST_LIMIT,
+    MAX_SEQ,
+    TABLE_ID_PATTERN,
+)
 from shared.contracts.commands import AnyCommand
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import HandEnded
@@ -56,6 +62,9 @@ BODY_TYPES: dict[str, Any] = {
     "WsEvent": api.WsEvent,
     "WsResult": api.WsResult,
     "WsError": api.WsError,
+    "MyTables": api.MyTables,
+    "PlayerTables": api.PlayerTables,
+    "PlayerTable": api.PlayerTable,
 }
 # Bodies that are no Struct of the code.
 EXTRA_SCHEMAS: dict[str, Any] = {
@@ -87,7 +96,7 @@ EXTRA_SCHEMAS: dict[str, Any] = {
 MAX_BODY_KIB = Settings().max_body_bytes // 1024
 ERRORS = {
     400: "Malformed or invalid (`malformed_json`, `invalid_request`, `invalid_table_id`, "
-    "`unknown_command`, ...).",
+    "`unknown_command`, `invalid_cursor`, `invalid_list_status`, ...).",
     401: "No token, or a token that is not valid (`unauthorized`).",
     403: "Not allowed to this caller (`not_seated`, `not_creator`, `bad_invite_code`, ...).",
     404: "No such table (`no_such_table`) or hand (`no_such_hand`).",
@@ -302,6 +311,82 @@ OPS: tuple[Op, ...] = (
                         ),
                     )
                 },
+            }
+        },
+    ),
+    Op(
+        "get",
+        "/v1/players/me/tables",
+        "table",
+        "getMyTables",
+        "The caller's tables: theirs to play first, then the longest waiting; a page.",
+        "Each entry: `table_id`, `status`, `seats`, `you`, `to_act` (the seat with the decision"
+        " while a hand is on), `my_turn`, `turn_since`, `absence_claimable_at` (`turn_since`"
+        " plus `GIN_ABSENCE_AFTER_S`, 48 h: R10.2), `expires_at` (the last move plus"
+        " `GIN_EXPIRY_AFTER_S`, 7 days: R10.3; open tables only), `scores` and `options`. Order:"
+        " the tables where the caller has the decision, then the other open ones, then (with"
+        " `status=finished` or `all`) the finished ones; in each, the oldest `turn_since` (else"
+        " last move) first, then `table_id`. `next` is an opaque cursor for `after` (null on the"
+        " last page), good only for its caller and its `status`. Paging while play goes on: the"
+        " tables unchanged since the first page keep their places; those changed since (made,"
+        " moved, ended) come after them, oldest change first: none is missed, and one that"
+        " changed after it was sent comes again with its entry then (keep the last entry of"
+        " each `table_id`). Counted against the `lists` limit (`GIN_RATE_LISTS`).",
+        auth="required",
+        ok=(200, "A page of the caller's tables.", "MyTables"),
+        errors=(400, 401, 429, 503),
+        params=(
+            Param(
+                "status",
+                "query",
+                "`open` (waiting, playing, match_over), `finished` (closed, expired) or `all`;"
+                " else 400 `invalid_list_status`.",
+                {"enum": ["open", "finished", "all"], "default": "open"},
+            ),
+            Param(
+                "limit",
+                "query",
+                "Entries in the page (else 400 `invalid_request`).",
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_LIST_LIMIT,
+                    "default": LIST_LIMIT,
+                },
+            ),
+            Param(
+                "after",
+                "query",
+                "The `next` of the page before; one not given to this caller for this `status`"
+                " is refused with 400 `invalid_cursor`.",
+            ),
+        ),
+    ),
+    Op(
+        "get",
+        "/v1/players/me/ws",
+        "table",
+        "playerSocket",
+        "The caller's tables as they change, over a WebSocket: a lobby without polling.",
+        "The server sends `tables` first (the first page of the caller's open tables, as"
+        " `getMyTables` gives it), then `table` (one entry, as in the list) each time one of the"
+        " caller's tables changes turn, status or seating, or a new one becomes theirs (created,"
+        " or a seat taken). Any replica serves it. It takes no messages (each is answered with"
+        " an `error`). Authenticate with `?token=` (or the header); admitted, limited (`sockets`)"
+        " and closed as `tableSocket` is (its `x-websocket.close-codes`, but 4410); after a"
+        " reconnect, its first message is the list again.",
+        auth="required",
+        ok=(101, "Switching Protocols: the WebSocket is open.", None),
+        errors=(400, 401, 429, 503),
+        params=(Param("token", "query", "The bearer token."),),
+        extra={
+            "x-websocket": {
+                "server-messages": [
+                    {"$ref": SCHEMAS.format(name=n)}
+                    for n in ("PlayerTables", "PlayerTable", "WsError")
+                ],
+                "client-messages": [],
+                "max-message-bytes": Settings().ws_max_frame_bytes,
             }
         },
     ),

@@ -124,6 +124,20 @@ export class TableSocket {
     this.waiting = false; // closed, and a reconnection is scheduled
   }
 
+  /** The socket's route. */
+  path() {
+    return `/v1/tables/${this.table}/ws`;
+  }
+
+  /** The kind of the first message after every (re)connection, and what of it the page gets. */
+  get firstKind() {
+    return "snapshot";
+  }
+
+  first(frame) {
+    return frame.view;
+  }
+
   start() {
     this.stopped = false;
     this.connect();
@@ -140,7 +154,7 @@ export class TableSocket {
     const token = this.getToken();
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const query = token ? `?token=${encodeURIComponent(token)}` : "";
-    const ws = new WebSocket(`${scheme}://${location.host}/v1/tables/${this.table}/ws${query}`);
+    const ws = new WebSocket(`${scheme}://${location.host}${this.path()}${query}`);
     this.ws = ws;
     ws.onmessage = (msg) => {
       let frame;
@@ -149,9 +163,9 @@ export class TableSocket {
       } catch {
         return;
       }
-      if (frame.kind === "snapshot") {
+      if (frame.kind === this.firstKind) {
         this.attempt = 0;
-        this.handlers.onSnapshot(frame.view); // open again (one call: the page draws once)
+        this.handlers.onSnapshot(this.first(frame)); // open again (one call: the page draws once)
       } else {
         this.handlers.onMessage(frame);
       }
@@ -187,5 +201,28 @@ export class TableSocket {
 
   get open() {
     return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
+  }
+}
+
+/**
+ * The player's socket (``GET /v1/players/me/ws``): ``onSnapshot(frame)`` with the list of the
+ * person's tables after every (re)connection, ``onMessage(frame)`` for each table that changed;
+ * it reconnects as the table's socket does.
+ */
+export class PlayerSocket extends TableSocket {
+  constructor(getToken, handlers) {
+    super(null, getToken, handlers);
+  }
+
+  path() {
+    return "/v1/players/me/ws";
+  }
+
+  get firstKind() {
+    return "tables";
+  }
+
+  first(frame) {
+    return frame;
   }
 }

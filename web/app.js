@@ -9,7 +9,9 @@
 // state once (render.js), and does the effects the new state asks for (HTTP calls, a notice's
 // timer). ``state`` is the page's only state.
 
-import { api, commandId, eventsAfter, messagesAfter, Refusal, TableSocket } from "./api.js";
+import { api, commandId, eventsAfter, messagesAfter, PlayerSocket, Refusal, TableSocket } from "./api.js";
+import { reduceTables } from "./mytables.js";
+import { renderMyTables } from "./mytables_view.js";
 import { render } from "./render.js";
 import { initialState, reduce } from "./state.js";
 
@@ -17,6 +19,8 @@ const $ = (id) => document.getElementById(id);
 
 let state = initialState({ me: loadMe() });
 let socket = null; // the table's WebSocket: a connection the shell holds, not state
+let myTables = []; // "Minhas mesas", kept by the player socket (mytables.js)
+let playerSocket = null;
 
 function dispatch(frame) {
   const next = reduce(state, frame);
@@ -122,6 +126,30 @@ async function loadPreferences() {
   } catch {
     // no preference yet: the default design
   }
+}
+
+// --- the lobby: my tables ------------------------------------------------------------------------
+
+/** The lobby, with "Minhas mesas" kept current by the player socket: no polling. */
+function openLobby() {
+  dispatch({ type: "screen", screen: "lobby" });
+  renderMyTables(myTables, Date.now());
+  if (playerSocket || !state.me) return;
+  const onFrame = (frame) => {
+    const next = reduceTables(myTables, frame);
+    if (next === myTables) return;
+    myTables = next;
+    renderMyTables(myTables, Date.now());
+  };
+  playerSocket = new PlayerSocket(token, {
+    onSnapshot: onFrame,
+    onMessage: onFrame,
+    onState: () => {},
+    tokenExpired: refreshToken,
+  });
+  playerSocket.start();
+  // The times a row says ("há 3 h") move on with the clock.
+  setInterval(() => renderMyTables(myTables, Date.now()), 60000);
 }
 
 // --- a table -------------------------------------------------------------------------------------
@@ -288,7 +316,7 @@ function bindForms() {
     loadPreferences();
     if (then === "reload") location.reload();
     else if (then === "table") await openTable(tableInPath());
-    else dispatch({ type: "screen", screen: "lobby" });
+    else openLobby();
   });
   $("create-form").addEventListener("submit", async (e) => {
     e.preventDefault();
@@ -328,16 +356,20 @@ async function start() {
   bindForms();
   window.addEventListener("popstate", () => location.reload());
   // Back online, or back on the screen (a phone asleep): reconnect now, not at the next try.
-  window.addEventListener("online", () => socket && socket.retryNow());
+  window.addEventListener("online", () => {
+    if (socket) socket.retryNow();
+    if (playerSocket) playerSocket.retryNow();
+  });
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible" && socket) socket.retryNow();
+    if (document.visibilityState === "visible" && playerSocket) playerSocket.retryNow();
   });
   render(state);
   if (state.me) loadPreferences();
   const table = tableInPath();
   if (table) await openTable(table);
   else if (!state.me) askName("Diga seu nome para entrar.", "lobby");
-  else dispatch({ type: "screen", screen: "lobby" });
+  else openLobby();
 }
 
 start();

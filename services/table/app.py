@@ -21,11 +21,13 @@ from services.table.http import (
     COMMANDS,
     COMMITTED,
     GROUP_COMMIT,
+    LISTER,
     METRICS,
     TABLES,
     add_routes,
     refusals,
 )
+from services.table.lobby import LOBBY_KEY, Lobby
 from services.table.maintenance import Maintenance
 from services.table.store import Change
 from services.table.tables import Shuffle, Tables, secure_shuffle
@@ -117,6 +119,10 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     hub = Hub(app[POOL], app[TABLES], settings.prefix, app[REGISTRY], settings.ws_send_queue)
     await hub.start(app[BROKER])
     app[HUB] = hub
+    lobby = Lobby(app[POOL], app[LISTER], hub)
+    hub.heard, hub.others = lobby.heard, lobby.clients
+    lobby.start()
+    app[LOBBY_KEY] = lobby
     consumer = CommandConsumer(app[COMMANDS], settings.prefix, ConsumerMetrics(app[REGISTRY]))
     await consumer.start(app[BROKER])
     app[RELAY] = service.relay(app, SCHEMA, channel, exchanges, digest_to=SOCKETS_EXCHANGE)
@@ -137,6 +143,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     yield
     await consumer.stop()
     await service.cancel(resending, filling, *([] if relay is None else [relay]))
+    await lobby.stop()
     await hub.stop()
     await app[RELAY].close()
     await app[BROKER].close()

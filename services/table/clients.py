@@ -76,7 +76,9 @@ class SocketMetrics:
 
     def __init__(self, registry: CollectorRegistry, bound: int) -> None:
         self.open_sockets = Gauge(
-            "gin_websockets", "Open table WebSockets on this replica", registry=registry
+            "gin_websockets",
+            "Open WebSockets (tables' and players') on this replica",
+            registry=registry,
         )
         self.queue_depth = Histogram(
             "gin_websocket_send_queue_depth",

@@ -17,11 +17,14 @@ from services.table import archive, erasure, store
 from services.table.commits import GroupCommit
 from services.table.decide import Actor, Rejected
 from services.table.handling import CommandMetrics, Commands, Committed
+from services.table.listing import Lister, parse_status
 from services.table.port import PgStore, TableStore
 from services.table.store import Change
 from services.table.tables import Tables
 from shared.contracts.api import (
+    LIST_LIMIT,
     MAX_HAND,
+    MAX_LIST_LIMIT,
     MAX_SEQ,
     CommandResult,
     CreateTable,
@@ -52,6 +55,7 @@ GROUP_COMMIT = web.AppKey("group_commit", GroupCommit)
 COMMANDS = web.AppKey("commands", Commands)
 VERIFIER = web.AppKey("verifier", Verifier)
 LIMITS = web.AppKey("rate_limits", RateLimiter)
+LISTER = web.AppKey("lister", Lister)
 _json = msgspec.json.Encoder()
 # Refusals that mean the request itself was malformed rather than untimely.
 BAD_INPUT = {"unknown_card", "invalid_meld", "overlapping_melds"}
@@ -260,6 +264,22 @@ async def get_preferences(request: web.Request) -> web.Response:
     return web.json_response({"deck_design": design})
 
 
+async def get_my_tables(request: web.Request) -> web.Response:
+    """``GET /v1/players/me/tables?status=&limit=&after=``: a page of the caller's tables,
+    theirs to play first (``listing.py``). Counted against ``lists``: a read, but one that
+    reads every table of its caller to order them."""
+    identity = identity_of(request)
+    assert identity is not None
+    status = parse_status(request.query.get("status"))
+    size = whole_number(request.query.get("limit"), "limit", LIST_LIMIT, 1, MAX_LIST_LIMIT)
+    after = request.query.get("after")
+    await limit(request, "lists", identity)
+    lister, now = request.app[LISTER], request.app[TABLES].now()
+    async with request.app[POOL].acquire() as conn:
+        page = await lister.page(conn, identity.id, status, size, after, now)
+    return json_bytes(_json.encode(page))
+
+
 async def put_preferences(request: web.Request) -> web.Response:
     """``PUT /v1/players/me/preferences`` (R10.7)."""
     identity = identity_of(request)
@@ -330,12 +350,21 @@ WRITE_LIMITS: dict[tuple[str, str], str | None] = {
     ("DELETE", "/v1/players/me"): "preferences",  # the erasure: the caller's own data too
     ("POST", "/v1/dev/tokens"): None,  # development only: signs a token, writes nothing
 }
+# The reads that are limited: the others read one table, or a page of one table's log, by
+# key; these read every table of their caller (to order them) or hold a socket.
+READ_LIMITS: dict[tuple[str, str], str] = {
+    ("GET", "/v1/players/me/tables"): "lists",
+    ("GET", "/v1/tables/{id}/ws"): "sockets",  # a seated or named watcher's
+    ("GET", "/v1/players/me/ws"): "sockets",
+}
 
 
 def add_routes(app: web.Application, dev_tokens: bool) -> None:
     """The v1 routes (the WebSocket route is added by ``ws.py``), the token verifier and the
     rate limits (once the pool is open)."""
-    app[VERIFIER] = Verifier.from_settings(app[SETTINGS])
+    settings = app[SETTINGS]
+    app[VERIFIER] = Verifier.from_settings(settings)
+    app[LISTER] = Lister(settings.absence_after_s, settings.expiry_after_s, settings.auth_secret)
     app.cleanup_ctx.append(_rate_limits)
     app.on_shutdown.append(_release_holds)
     r = app.router
@@ -346,6 +375,7 @@ def add_routes(app: web.Application, dev_tokens: bool) -> None:
     r.add_post("/v1/tables/{id}/commands", post_command)
     r.add_get("/v1/tables/{id}/events", get_events)
     r.add_get("/v1/tables/{id}/hands/{n}", get_hand)
+    r.add_get("/v1/players/me/tables", get_my_tables)
     r.add_get("/v1/players/me/preferences", get_preferences)
     r.add_put("/v1/players/me/preferences", put_preferences)
     r.add_delete("/v1/players/me", erase_player)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import asyncpg
 import msgspec
@@ -103,6 +104,10 @@ class Hub:
         # away when their first watcher came. Bound by the same task, and the socket served.
         self.unbound: set[str] = set()
         self.retrying: asyncio.Task[None] | None = None
+        # Told of every table event this replica hears (the player sockets, ``lobby.py``),
+        # and the sockets it holds besides the tables' (closed with them at shutdown).
+        self.heard: Callable[[str, str, msgspec.Raw], None] | None = None
+        self.others: Callable[[], list[Client]] = list
 
     @property
     def channel(self) -> AbstractChannel | None:
@@ -227,6 +232,8 @@ class Hub:
         for watchers in list(self.clients.values()):
             for client in list(watchers):
                 self.drop(client, CLOSE_GOING_AWAY, GOING_AWAY_REASON)
+        for client in self.others():
+            self.drop(client, CLOSE_GOING_AWAY, GOING_AWAY_REASON)
         await asyncio.gather(*self.closing, return_exceptions=True)
 
     def send(self, client: Client, frame: bytes) -> None:
@@ -278,6 +285,8 @@ class Hub:
         those this replica's clients were not sent yet, each table's in one catch-up."""
         behind: dict[str, list[Envelope]] = {}
         for head, raw in batch_heads(body):
+            if self.heard is not None:
+                self.heard(head.table_id, head.type, raw)
             if head.seq <= self.coming.get(head.table_id, 0):
                 continue  # this replica's own commit, on its way from the inbox
             self._forget_stale(head.table_id, head.seq, head.type)

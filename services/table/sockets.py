@@ -36,6 +36,7 @@ from services.table.http import (
     run_command,
 )
 from services.table.hub import HUB
+from services.table.lobby import LOBBY_KEY
 from services.table.port import PgStore
 from shared.contracts.api import ErrorDetail, WsCommand, WsError
 from shared.infra.auth import AuthError, Identity
@@ -192,6 +193,39 @@ def _send_error(request: web.Request, client: Client, detail: ErrorDetail) -> No
     request.app[HUB].send(client, _json.encode(WsError(error=detail)))
 
 
+async def player_socket(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/players/me/ws``: the caller's tables as they change (``lobby.py``); admitted
+    as a table socket is, with a token (a header, or ``?token=``) required."""
+    full = _full(request)
+    if full is not None:
+        return await _refuse_socket(request, full)
+    identity = identity_of(request, query_token=True)
+    assert identity is not None
+    await limit(request, "sockets", identity)
+    settings = request.app[SETTINGS]
+    hub, lobby = request.app[HUB], request.app[LOBBY_KEY]
+    ws = SharedDeflateResponse(
+        deflate=hub.deflater.deflate,
+        compress=settings.ws_deflate,
+        heartbeat=30.0,
+        max_msg_size=settings.ws_max_frame_bytes,
+        writer_limit=WRITER_LIMIT_BYTES,
+    )
+    await ws.prepare(request)
+    client = await lobby.open(ws, identity, request.transport)
+    hub.expire_at(client, closes_at(identity, settings.auth_leeway_s))
+    try:
+        await lobby.first_page(client, request.app[TABLES].now())
+        async for msg in ws:  # it sends nothing: a frame from the client is answered so
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                message = "the player socket takes no messages: it only sends"
+                _send_error(request, client, ErrorDetail(code="invalid_request", message=message))
+    finally:
+        lobby.release(client)
+    return ws
+
+
 def add_socket_route(app: web.Application) -> None:
-    """The WebSocket route."""
+    """The WebSocket routes: a table's, and a player's tables'."""
     app.router.add_get("/v1/tables/{id}/ws", table_socket)
+    app.router.add_get("/v1/players/me/ws", player_socket)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 
 import msgspec
 
 from shared.contracts.commands import AnyCommand
 from shared.contracts.envelope import Envelope
-from shared.contracts.events import BotLevel
-from shared.contracts.options import StrictTableOptions
-from shared.contracts.views import TableView
+from shared.contracts.events import BotLevel, Player
+from shared.contracts.options import StrictTableOptions, TableOptions
+from shared.contracts.views import TableStatus, TableView
 
 DeckDesign = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")]
 # Python's ``$`` also matches before a final newline (ECMA's, in the schema, does not):
@@ -150,3 +151,50 @@ class WsError(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="
     """A refused WebSocket command or a bad message."""
 
     error: ErrorDetail
+
+
+# --- the caller's tables: GET /v1/players/me/tables and the player socket --------------------
+
+# Which of the caller's tables a list holds (``?status=``): the open ones (waiting, playing,
+# match_over), the finished ones (closed, expired) or both.
+ListStatus = Literal["open", "finished", "all"]
+MAX_LIST_LIMIT = 100  # entries a page holds at most (``?limit=``)
+LIST_LIMIT = 20  # and without ``?limit=``
+
+
+class MyTable(msgspec.Struct, frozen=True, kw_only=True):
+    """One of the caller's tables in their list: whose turn it is, since when, and when the
+    absence rule (R10.2) and expiry (R10.3) fall due."""
+
+    table_id: str
+    status: TableStatus
+    seats: list[Player | None]  # each seat's name (a pseudonym for an erased person)
+    you: int
+    to_act: int | None  # the seat that has the decision (None: no hand on)
+    my_turn: bool
+    turn_since: datetime | None  # when ``to_act`` got the decision
+    absence_claimable_at: datetime | None  # turn_since plus the absence delay (R10.2)
+    expires_at: datetime | None  # the last move plus the expiry delay (R10.3); open tables
+    scores: list[int]
+    options: TableOptions
+
+
+class MyTables(msgspec.Struct, frozen=True, kw_only=True):
+    """A page of the caller's tables, theirs to play first, then the longest waiting; ``next``
+    is the cursor of the next page (None: this is the last)."""
+
+    tables: list[MyTable]
+    next: str | None
+
+
+class PlayerTables(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="tables"):
+    """The player socket's first message: the first page of the caller's open tables."""
+
+    tables: list[MyTable]
+    next: str | None
+
+
+class PlayerTable(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="table"):
+    """One of the caller's tables changed turn or status (or became theirs): its entry now."""
+
+    table: MyTable

@@ -69,6 +69,10 @@ CATALOGUE: dict[str, tuple[Text, ...]] = {
         ),
         Text("a value is not valid", "um valor não é válido"),
         Text(
+            "the player socket takes no messages: it only sends",
+            "a conexão do jogador não recebe mensagens: só envia",
+        ),
+        Text(
             "send each message as a text frame of JSON, not a binary frame",
             "mande cada mensagem como um quadro de texto com JSON, não um quadro binário",
         ),
@@ -80,6 +84,18 @@ CATALOGUE: dict[str, tuple[Text, ...]] = {
             *_DECODING,
         ),
         Text("{detail}", "o pedido não é válido: {detail}"),
+    ),
+    "invalid_cursor": (
+        Text(
+            "cursor is not one this list gave you",
+            "o cursor não é um que esta lista tenha dado a você",
+        ),
+    ),
+    "invalid_list_status": (
+        Text(
+            "status is one of open, finished, all",
+            "o status é um destes: open, finished, all",
+        ),
     ),
     "malformed_json": (
         Text("the JSON is nested too deeply", "o JSON tem aninhamento profundo demais"),
@@ -109,6 +125,10 @@ CATALOGUE: dict[str, tuple[Text, ...]] = {
         Text(
             "too many sockets: try again in a moment",
             "conexões demais: tente de novo daqui a pouco",
+        ),
+        Text(
+            "too many lists: try again in a moment",
+            "listas de mesas demais: tente de novo daqui a pouco",
         ),
         Text(
             "too many {action}: try again in a moment",

@@ -301,13 +301,14 @@ class RateLimiter:
         cls, pool: asyncpg.Pool, settings: Settings, *, registry: CollectorRegistry | None = None
     ) -> RateLimiter:
         """The limits of commands, joins (and bot seatings), table creation, preference
-        changes, WebSocket connections and refused commands."""
+        changes, WebSocket connections, lists of one's tables and refused commands."""
         limits = {
             "commands": Limit(settings.rate_commands, settings.rate_commands_window_s),
             "joins": Limit(settings.rate_joins, settings.rate_joins_window_s),
             "tables": Limit(settings.rate_tables, settings.rate_tables_window_s),
             "preferences": Limit(settings.rate_preferences, settings.rate_preferences_window_s),
             "sockets": Limit(settings.rate_sockets, settings.rate_sockets_window_s),
+            "lists": Limit(settings.rate_lists, settings.rate_lists_window_s),
             "refusals": Limit(settings.rate_refusals, settings.rate_refusals_window_s),
         }
         holds = Holds(

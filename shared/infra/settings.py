@@ -82,6 +82,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rate_preferences_window_s: float = 60.0
     rate_sockets: int = 120
     rate_sockets_window_s: float = 60.0
+    rate_lists: int = 120  # GET /v1/players/me/tables: each reads all its caller's tables
+    rate_lists_window_s: float = 60.0
     rate_refusals: int = 60  # commands refused for what they are (4xx): a spectator's, say
     rate_refusals_window_s: float = 60.0
     rate_sync_s: float = 0.2  # how often a replica shares its counts with the others
