@@ -14,8 +14,9 @@ aio-pika. Settings: ``GIN_AMQP_URL`` (default ``amqp://guest:guest@127.0.0.1:567
 
     python examples/notifier.py
         declare (if need be) and read the queue gin.notifier.reminders until interrupted
-    python examples/notifier.py --queue gin.sub.notifier --idle-exit 5
-        another queue; exit after 5 s with nothing new
+    python examples/notifier.py --queue gin.sub.notifier.queue --idle-exit 5
+        the queue deploy/k8s/components/subscriber made for the team (used as it is, and
+        bound to timer.*.turn_reminder too); exit after 5 s with nothing new
 
 A real notifier knows who sits in the seat (``seat_taken`` events, or the table's view) and
 sends the message to that person; this one prints it. Delivery is at least once: a reminder is
@@ -111,18 +112,32 @@ class Notifier:
         print(f"mesa {envelope.table_id}, assento {reminder.seat}: {text}", flush=True)
 
 
+async def own_queue(
+    connection: aio_pika.abc.AbstractConnection, name: str
+) -> aio_pika.abc.AbstractQueue:
+    """The notifier's durable queue: the one already there (in production, made by
+    deploy/k8s/components/subscriber with its dead-letter queue: ``--queue
+    gin.sub.<name>.queue``), else a quorum queue declared here (development)."""
+    probe = await connection.channel()
+    try:
+        queue = await probe.get_queue(name)  # passive: whatever its arguments
+    except aio_pika.exceptions.ChannelNotFoundEntity:
+        channel = await connection.channel()  # the failed probe closed its channel
+        queue = await channel.declare_queue(
+            name, durable=True, arguments={"x-queue-type": "quorum"}
+        )
+    await queue.channel.set_qos(prefetch_count=50)
+    return queue
+
+
 async def run(args: argparse.Namespace) -> int:
     url = os.environ.get("GIN_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
     prefix = os.environ.get("GIN_PREFIX", "")
     notifier = Notifier(zone(args.tz))
     connection = await aio_pika.connect_robust(url)
     async with connection:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=50)
-        exchange = await channel.get_exchange(prefix + EVENTS_EXCHANGE)
-        queue = await channel.declare_queue(
-            prefix + args.queue, durable=True, arguments={"x-queue-type": "quorum"}
-        )
+        queue = await own_queue(connection, prefix + args.queue)
+        exchange = await queue.channel.get_exchange(prefix + EVENTS_EXCHANGE)
         await queue.bind(exchange, timer_key("*", "turn_reminder"))
         await queue.consume(notifier.on_message)
         print(f"listening on {prefix + args.queue}", file=sys.stderr, flush=True)

@@ -143,3 +143,26 @@ def test_the_examples_doctests() -> None:
     result = doctest.testmod(module)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+async def test_uses_a_queue_made_for_the_team_as_it_is(api: Api, settings: Settings) -> None:
+    """In production deploy/k8s/components/subscriber makes the team's queue, with its own
+    arguments (a dead-letter exchange): the notifier reads it without declaring it again."""
+    queue = f"gin.sub.ntf{uuid.uuid4().hex[:6]}.queue"
+    table_id = f"ntf-{uuid.uuid4().hex[:6]}"
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(
+            settings.prefix + queue,
+            durable=True,
+            arguments={"x-queue-type": "quorum", "x-dead-letter-exchange": "gin.nowhere"},
+        )
+        notifier = NotifierProcess(settings, queue)
+        await notifier.start()
+        await publish(settings, table_id, reminder(table_id, "claimable", 172800.0, 3))
+        assert await notifier.printed() == [
+            f"mesa {table_id}, assento 1: Sua vez na mesa {table_id} há 48 h; o adversário já"
+            " pode reivindicar a partida por ausência.",
+        ]
+        await channel.queue_delete(settings.prefix + queue)
