@@ -324,7 +324,7 @@ class Firing:
                 since=due.since.isoformat(),
                 lag_s=round(lag, 3),
                 attempt=due.attempts + 1,
-                skipped=skipped or None,
+                skipped=skipped,
                 command_id=(
                     expire_command_id(due.table_id, due.seq) if due.kind == "expiry" else None
                 ),
