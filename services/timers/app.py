@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.timers import retention
-from services.timers.deadlines import Durations, reminder_offsets
+from services.timers.deadlines import BadReminders, Durations, reminder_offsets
 from services.timers.firing import DEFAULT_EXCHANGE, Firing
 from services.timers.metrics import TimerMetrics
 from shared.contracts.names import COMMANDS_EXCHANGE, EVENTS_EXCHANGE
@@ -59,6 +59,15 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     app.cleanup_ctx.append(_broker)
     service.add_health(app)
     return app
+
+
+def create_checked_app(settings: Settings) -> web.Application:
+    """The service as ``python -m services.timers`` runs it: an exit with one line naming
+    the setting it cannot keep, not a traceback."""
+    try:
+        return create_app(settings)
+    except BadReminders as exc:
+        service.refuse(str(exc), settings)
 
 
 async def _broker(app: web.Application) -> AsyncIterator[None]:
