@@ -231,6 +231,7 @@ def service_env(urls: dict[str, str]) -> dict[str, str]:
         GIN_LOG_FORMAT="json",
         GIN_RELAY_APART="true",
         GIN_ABSENCE_AFTER_S=str(ABSENCE_S),
+        GIN_TURN_REMINDERS_S="",  # the default offsets are past a bench's absence time
     )
 
 

@@ -35,9 +35,9 @@ from shared.infra.amqp import BOT_LEVELS
 SCHEMAS = "#/components/schemas/{name}"
 AMQP_BINDING_VERSION = "0.3.0"
 # Who publishes which event: the chat service its messages, the timer service the absence
-# notice (timer.<table_id>.absence_claimable); the table service everything else.
+# notice and the turn reminders (timer.<table_id>.<type>); the table service everything else.
 CHAT_EVENTS = ("message_posted",)
-TIMER_EVENTS = ("absence_claimable",)
+TIMER_EVENTS = ("absence_claimable", "turn_reminder")
 TABLE_EVENTS = tuple(t for t in EVENT_TYPES if t not in CHAT_EVENTS + TIMER_EVENTS)
 
 DESCRIPTION = f"""\
@@ -175,7 +175,12 @@ def channels() -> dict[str, Any]:
             "title": "Timer events",
             "description": (
                 f"What the timer service announces, on `{EVENTS_EXCHANGE}`: the seat to act has "
-                "been away past the absence time, so the other may claim the match."
+                "been away past the absence time, so the other may claim the match "
+                "(`absence_claimable`); and turn reminders for notifiers (`turn_reminder`): "
+                "the seat to act has waited each offset of `GIN_TURN_REMINDERS_S` (default "
+                "24 h and 44 h) into its turn (`reminder` `waiting`), or its absence has just "
+                "become claimable (`claimable`, right after `absence_claimable`). Each once "
+                "per decision, none for a turn that has moved on."
             ),
             "parameters": {
                 "table_id": TABLE_ID,
@@ -247,10 +252,14 @@ def operations() -> dict[str, Any]:
             "receive", "chatMessages", "The table replicas, for their WebSockets."
         ),
         "publishTimerEvents": operation(
-            "send", "timerEvents", "The timer service, when an absence becomes claimable."
+            "send",
+            "timerEvents",
+            "The timer service, at each reminder offset and when an absence becomes claimable.",
         ),
         "receiveTimerEvents": operation(
-            "receive", "timerEvents", "The table replicas, for their WebSockets."
+            "receive",
+            "timerEvents",
+            "The table replicas, for their WebSockets, and notifiers (examples/notifier.py).",
         ),
         "publishBotTurns": operation(
             "send", "botTurns", "The table service's outbox relay, in the move's transaction."

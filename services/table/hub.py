@@ -380,7 +380,9 @@ class Hub:
                 if envelope.seq > client.last_chat_seq:
                     client.last_chat_seq = envelope.seq
                     self.send(client, frame)
-        elif envelope.type == "absence_claimable":  # from the timers: its own numbering
+        # The timer stream (absence_claimable, turn_reminder), numbered on its own: each once.
+        # An absence_claimable from before the envelope had a stream says "table".
+        elif envelope.stream == "timer" or envelope.type == "absence_claimable":
             for client in watchers:
                 if envelope.id not in client.notices:
                     client.notices.add(envelope.id)

@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.timers import retention
-from services.timers.deadlines import Durations
+from services.timers.deadlines import BadReminders, Durations, reminder_offsets
 from services.timers.firing import DEFAULT_EXCHANGE, Firing
 from services.timers.metrics import TimerMetrics
 from shared.contracts.names import COMMANDS_EXCHANGE, EVENTS_EXCHANGE
@@ -33,20 +33,41 @@ async def migrate(settings: Settings) -> None:
     await service.migrate(settings, SCHEMA, MIGRATIONS)
 
 
+def durations_of(settings: Settings) -> Durations:
+    """The absence and expiry times and the reminders' offsets; raises ``BadReminders`` on a
+    ``GIN_TURN_REMINDERS_S`` the service cannot keep."""
+    return Durations(
+        settings.absence_after_s,
+        settings.expiry_after_s,
+        reminder_offsets(settings.turn_reminders_s, settings.absence_after_s),
+    )
+
+
 def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> web.Application:
-    """The whole timer service, ready for ``web.run_app`` or a test client."""
+    """The whole timer service, ready for ``web.run_app`` or a test client (``BadReminders``
+    on a bad ``GIN_TURN_REMINDERS_S``)."""
+    durations = durations_of(settings)
     app = web.Application()
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[HEAD_READ_S] = settings.head_read_s
     app[CLOCK] = clock
     app[REGISTRY] = registry
-    app[METRICS] = TimerMetrics(registry)
+    app[METRICS] = TimerMetrics(registry, durations.reminders_s)
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(retention.running(clock))  # archived tables' counters
     app.cleanup_ctx.append(_broker)
     service.add_health(app)
     return app
+
+
+def create_checked_app(settings: Settings) -> web.Application:
+    """The service as ``python -m services.timers`` runs it: an exit with one line naming
+    the setting it cannot keep, not a traceback."""
+    try:
+        return create_app(settings)
+    except BadReminders as exc:
+        service.refuse(str(exc), settings)
 
 
 async def _broker(app: web.Application) -> AsyncIterator[None]:
@@ -64,7 +85,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
         settings.prefix,
         app[CLOCK],
         app[METRICS],
-        Durations(settings.absence_after_s, settings.expiry_after_s),
+        durations_of(settings),
         batch=settings.timer_batch,
         poll_s=settings.timer_poll_s,
         retry_s=settings.timer_retry_s,

@@ -8,6 +8,10 @@ moment due now. A moment written after a look that is older than that look's end
 replica's clock behind this one's, a commit that took long) is still in the next window when
 it is late by less than ``LOOK_BACK``; what was fired is kept (``fired``), so the overlap
 fires nothing twice.
+
+Turn reminders (issue 33) are deadlines of the absence moment too: one kind per offset of
+``GIN_TURN_REMINDERS_S`` (``reminder:<seconds>``), each looked at, fired and kept like the
+absence itself, so they are exactly as durable.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ from typing import Literal
 
 import msgspec
 
-Kind = Literal["absence", "expiry"]
+# "absence", "expiry", or a turn reminder "reminder:<seconds into the turn>".
+Kind = str
+Source = Literal["absence", "expiry"]  # the deadlines' column a kind's moment is read from
 KINDS: tuple[Kind, ...] = ("absence", "expiry")
+REMINDER = "reminder:"
+DEFAULT_REMINDERS_S = "86400,158400"
 
 # R10.2 allows a claim only *more* than the absence time after the turn started, and the
 # table service compares its float clock with the stored microsecond timestamp: a deadline
@@ -29,16 +37,84 @@ MARGIN = timedelta(milliseconds=1)
 LOOK_BACK = timedelta(minutes=2)
 
 
+class BadReminders(ValueError):
+    """``GIN_TURN_REMINDERS_S`` is not a list of offsets the service can keep."""
+
+
+def reminder_offsets(text: str, absence_after_s: float) -> tuple[int, ...]:
+    """The offsets of ``GIN_TURN_REMINDERS_S`` (whole seconds into a turn, comma-separated,
+    increasing, each below the absence time: at the absence time the claimable reminder goes
+    anyway); empty for none.
+
+    >>> reminder_offsets("86400, 158400", 172800)
+    (86400, 158400)
+    >>> reminder_offsets("", 172800)
+    ()
+    """
+    parts = [part.strip() for part in text.split(",")] if text.strip() else []
+    offsets: list[int] = []
+    for part in parts:
+        if not part.isdigit() or int(part) <= 0:
+            raise BadReminders(
+                f"GIN_TURN_REMINDERS_S={text!r}: {part!r} is not a whole number of seconds above 0"
+            )
+        offsets.append(int(part))
+    if offsets != sorted(set(offsets)):
+        raise BadReminders(f"GIN_TURN_REMINDERS_S={text!r}: the offsets must increase, each once")
+    if offsets and offsets[-1] >= absence_after_s:
+        raise BadReminders(
+            f"GIN_TURN_REMINDERS_S={text!r}: {offsets[-1]} s is not before the absence time"
+            f" (GIN_ABSENCE_AFTER_S={absence_after_s:g}), when the claimable reminder goes"
+        )
+    return tuple(offsets)
+
+
+def reminder_kind(offset_s: int) -> Kind:
+    """The kind of the reminder ``offset_s`` into a turn."""
+    return f"{REMINDER}{offset_s}"
+
+
+def reminder_offset(kind: Kind) -> int | None:
+    """The offset of a reminder kind (None: not a reminder)."""
+    return int(kind.removeprefix(REMINDER)) if kind.startswith(REMINDER) else None
+
+
 class Durations(msgspec.Struct, frozen=True):
-    """The absence and expiry times in seconds (``GIN_ABSENCE_AFTER_S``, ``GIN_EXPIRY_AFTER_S``)."""
+    """The absence and expiry times in seconds (``GIN_ABSENCE_AFTER_S``, ``GIN_EXPIRY_AFTER_S``)
+    and the turn reminders' offsets (``GIN_TURN_REMINDERS_S``, checked by
+    ``reminder_offsets``)."""
 
     absence_after_s: float
     expiry_after_s: float
+    reminders_s: tuple[int, ...] = ()
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        """Every kind of deadline fired: absence, expiry and one per reminder offset."""
+        return KINDS + tuple(reminder_kind(s) for s in self.reminders_s)
 
     def of(self, kind: Kind) -> timedelta:
         """The time after which a deadline of that kind is due."""
+        offset = reminder_offset(kind)
+        if offset is not None:
+            return timedelta(seconds=offset)
         seconds = self.absence_after_s if kind == "absence" else self.expiry_after_s
         return timedelta(seconds=seconds)
+
+    def superseded(self, kind: Kind, since: datetime, now: datetime) -> bool:
+        """Whether a reminder of ``kind`` for a turn begun at ``since`` is outdated at ``now``:
+        the next reminder (a later offset, or the claimable one) is due already."""
+        offset = reminder_offset(kind)
+        if offset is None:
+            return False
+        later = [s for s in self.reminders_s if s > offset]
+        after = timedelta(seconds=later[0]) if later else self.of("absence") + MARGIN
+        return now >= since + after
+
+
+def source(kind: Kind) -> Source:
+    """The deadlines' column whose moment a kind is counted from."""
+    return "expiry" if kind == "expiry" else "absence"
 
 
 class Window(msgspec.Struct, frozen=True):

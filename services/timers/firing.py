@@ -20,6 +20,12 @@ cost of the timers grows with the deadlines that fire, not with the moves.
   number of that stream (``store.next_announcement``, in the firing transaction), and
   ``data.table_seq`` the table event that gave the seat the decision (the ``since`` moment);
   its ``id`` is derived from table and that table seq.
+- reminders (issue 33): ``turn_reminder`` on ``gin.events``, key
+  ``timer.<table_id>.turn_reminder``, a ``timer`` stream event like ``absence_claimable``:
+  ``waiting`` once per decision at each offset of ``GIN_TURN_REMINDERS_S`` (a kind of its own,
+  fired as the absence is), and ``claimable`` right after each ``absence_claimable``, in its
+  transaction. A ``waiting`` reminder whose next one is due already is recorded, not sent.
+  No reminder at all when ``GIN_TURN_REMINDERS_S`` is empty.
 - expiry: ``QueuedCommand(source="timer", command=Expire(...))`` to ``gin.commands``. The
   table service checks it against its own times. Until the table reports its expiry (or
   another move), the command is sent again after ``timer_retry_s``, doubling, a few times:
@@ -39,13 +45,21 @@ import msgspec
 import structlog
 
 from services.timers import store
-from services.timers.deadlines import KINDS, LOOK_BACK, Due, Durations, Kind, due_at, window
+from services.timers.deadlines import (
+    LOOK_BACK,
+    Due,
+    Durations,
+    Kind,
+    due_at,
+    reminder_offset,
+    window,
+)
 from services.timers.metrics import TimerMetrics
 from services.timers.store import Fired
 from shared.contracts.api import QueuedCommand
 from shared.contracts.commands import Expire
 from shared.contracts.envelope import Envelope
-from shared.contracts.events import AbsenceClaimable
+from shared.contracts.events import AbsenceClaimable, ReminderKind, TurnReminder
 from shared.contracts.names import COMMANDS_EXCHANGE, COMMANDS_QUEUE, EVENTS_EXCHANGE, timer_key
 from shared.infra import outbox
 from shared.infra.db import Conn
@@ -86,6 +100,38 @@ def absence_claimable(due: Due, now: datetime, number: int) -> OutboxRow:
         data=AbsenceClaimable(seat=due.seat, since=due.since.astimezone(UTC), table_seq=due.seq),
     )
     key = timer_key(due.table_id, "absence_claimable")
+    return EVENTS_EXCHANGE, key, _json.encode(envelope), str(envelope.id)
+
+
+def turn_reminder(
+    due: Due, now: datetime, number: int, durations: Durations, reminder: ReminderKind
+) -> OutboxRow:
+    """The outbox row reminding that the seat to act has had its decision for a while (at a
+    reminder offset, or now that its absence is claimable), the table's ``number``-th
+    ``timer`` event."""
+    assert due.seat is not None
+    since = due.since.astimezone(UTC)
+    offset = reminder_offset(due.kind)
+    after_s = durations.absence_after_s if offset is None else float(offset)
+    name = "claimable" if reminder == "claimable" else str(offset)
+    envelope = Envelope(
+        id=uuid.uuid5(ID_NAMESPACE, f"{due.table_id}:reminder:{name}:{due.seq}"),
+        type="turn_reminder",
+        table_id=due.table_id,
+        stream="timer",
+        seq=number,
+        occurred_at=now,
+        data=TurnReminder(
+            seat=due.seat,
+            since=since,
+            waited_s=round((now - since).total_seconds(), 3),
+            claimable_at=since + durations.of("absence"),
+            reminder=reminder,
+            after_s=after_s,
+            table_seq=due.seq,
+        ),
+    )
+    key = timer_key(due.table_id, "turn_reminder")
     return EVENTS_EXCHANGE, key, _json.encode(envelope), str(envelope.id)
 
 
@@ -156,6 +202,7 @@ class Firing:
             try:
                 async with self.pool.acquire() as conn:
                     await store.readable(conn)
+                    await store.add_scans(conn, self.durations.kinds)
                 return
             except Exception as exc:
                 waited = time.monotonic() - started
@@ -168,7 +215,7 @@ class Firing:
     async def step(self) -> float:
         """Fire one batch of each kind and of resends; how long to wait before the next."""
         fired, busy = 0, False
-        for kind in KINDS:
+        for kind in self.durations.kinds:
             count = await self.fire_due(kind)
             busy = busy or count is None
             fired = max(fired, count or 0)
@@ -210,15 +257,26 @@ class Firing:
     async def _fire(self, conn: Conn, taken: list[Due], now: datetime) -> None:
         if not taken:
             return
-        await outbox.add_many(conn, [await self._message(conn, due, now) for due in taken])
+        rows = [row for due in taken for row in await self._messages(conn, due, now)]
+        if rows:
+            await outbox.add_many(conn, rows)
         await store.record_fired(conn, [self._fired(due, now) for due in taken])
 
-    async def _message(self, conn: Conn, due: Due, now: datetime) -> OutboxRow:
-        if due.kind == "absence":
-            return absence_claimable(
-                due, now, await store.next_announcement(conn, due.table_id, now)
-            )
-        return expire_command(due, self.prefix)
+    async def _messages(self, conn: Conn, due: Due, now: datetime) -> list[OutboxRow]:
+        """What firing ``due`` sends: nothing for an outdated reminder."""
+        if due.kind == "expiry":
+            return [expire_command(due, self.prefix)]
+        if self.durations.superseded(due.kind, due.since, now):
+            return []
+        if due.kind != "absence":
+            number = await store.next_announcement(conn, due.table_id, now)
+            return [turn_reminder(due, now, number, self.durations, "waiting")]
+        number = await store.next_announcement(conn, due.table_id, now)
+        rows = [absence_claimable(due, now, number)]
+        if self.durations.reminders_s:
+            number = await store.next_announcement(conn, due.table_id, now)
+            rows.append(turn_reminder(due, now, number, self.durations, "claimable"))
+        return rows
 
     def _fired(self, due: Due, now: datetime) -> Fired:
         again: datetime | None = None
@@ -231,7 +289,7 @@ class Firing:
         now = at(self.clock())
         moments: list[datetime] = []
         async with self.pool.acquire() as conn:
-            for kind in KINDS:
+            for kind in self.durations.kinds:
                 end = window(kind, now, now, self.durations).end
                 moment = await store.next_moment(conn, kind, end)
                 if moment is not None:
@@ -244,11 +302,19 @@ class Firing:
     def _report(self, taken: list[Due], now: datetime) -> None:
         for due in taken:
             lag = (now - due_at(due.kind, due.since, self.durations)).total_seconds()
+            skipped = self.durations.superseded(due.kind, due.since, now)
             if due.attempts == 0:
                 self.metrics.fired.labels(due.kind).inc()
                 self.metrics.lag.labels(due.kind).observe(lag)
             else:
                 self.metrics.resent.inc()
+            offset = reminder_offset(due.kind)
+            if skipped:
+                self.metrics.reminders_skipped.labels(str(offset)).inc()
+            elif offset is not None:
+                self.metrics.reminders.labels(str(offset)).inc()
+            elif due.kind == "absence" and self.durations.reminders_s:
+                self.metrics.reminders.labels("claimable").inc()
             log.info(
                 "deadline_fired",
                 table_id=due.table_id,
@@ -258,6 +324,7 @@ class Firing:
                 since=due.since.isoformat(),
                 lag_s=round(lag, 3),
                 attempt=due.attempts + 1,
+                skipped=skipped,
                 command_id=(
                     expire_command_id(due.table_id, due.seq) if due.kind == "expiry" else None
                 ),
@@ -272,8 +339,8 @@ class Firing:
         self.pending_counted_at = time.monotonic()
         now = at(self.clock())
         async with self.pool.acquire() as conn:
-            reached = await store.scanned(conn)
-            for kind in KINDS:
+            reached = await store.scanned(conn, self.durations.kinds)
+            for kind in self.durations.kinds:
                 look = window(kind, reached[kind], now, self.durations)
                 self.metrics.pending.labels(kind).set(await store.count_due(conn, kind, look))
 
@@ -283,6 +350,6 @@ class Firing:
             return
         self.forgot_at = time.monotonic()
         async with self.pool.acquire() as conn:
-            reached = await store.scanned(conn)
-            for kind in KINDS:
+            reached = await store.scanned(conn, self.durations.kinds)
+            for kind in self.durations.kinds:
                 await store.forget(conn, kind, reached[kind] - LOOK_BACK)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.timers.deadlines import KINDS
+from services.timers.deadlines import KINDS, reminder_kind
 
 LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
 
 
 class TimerMetrics:
-    """Deadlines due and not fired yet, fired, and the lag from due to fired."""
+    """Deadlines due and not fired yet, fired, the lag from due to fired, and the turn
+    reminders sent (``kind`` of a reminder offset: ``reminder:<seconds>``)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, reminders_s: tuple[int, ...] = ()) -> None:
         self.pending = Gauge(
             "gin_timer_deadlines_pending",
             "Deadlines due and not fired yet, when this replica last counted",
@@ -37,7 +38,26 @@ class TimerMetrics:
             buckets=LAG_BUCKETS,
             registry=registry,
         )
-        for kind in KINDS:  # every series exists from the start, at 0
+        self.reminders = Counter(
+            "gin_timer_reminders_sent",
+            "Turn reminders sent, by reminder (its offset in seconds, or claimable)",
+            ["reminder"],
+            registry=registry,
+        )
+        self.reminders_skipped = Counter(
+            "gin_timer_reminders_skipped",
+            "Turn reminders not sent because the next one was due already (the timers were"
+            " down across both)",
+            ["reminder"],
+            registry=registry,
+        )
+        kinds = KINDS + tuple(reminder_kind(s) for s in reminders_s)
+        for kind in kinds:  # every series exists from the start, at 0
             self.pending.labels(kind)
             self.fired.labels(kind)
             self.lag.labels(kind)
+        for offset in reminders_s:
+            self.reminders.labels(str(offset))
+            self.reminders_skipped.labels(str(offset))
+        if reminders_s:
+            self.reminders.labels("claimable")

@@ -1,6 +1,9 @@
 """The timers' share of a season of data (issue 32): a table's timer-stream counter
 (``announcements``) goes once the table service has archived the table, that is once the table
-has no deadlines row any more and its counter was last taken ``GIN_ARCHIVE_AFTER_S`` ago. A
+has no deadlines row any more and its counter was last taken ``GIN_ARCHIVE_AFTER_S`` ago; so
+do its firings (``fired``: absences, expiries no longer sent again, and turn reminders, also
+those of an offset no longer in ``GIN_TURN_REMINDERS_S``, which no look reaches any more)
+whose moment is that old. A
 restored table is an ended one, which never fires again, so its numbering never restarts.
 One replica at a time (a session advisory lock), every ``GIN_MAINTENANCE_EVERY_S``, only when
 ``GIN_ARCHIVE_URL`` is set (else nothing is archived)."""
@@ -25,17 +28,19 @@ PAUSE_S = 0.02  # between two batches: the firings' statements come first
 
 
 async def run_once(pool: asyncpg.Pool, now: datetime, after_s: float, batch: int) -> int | None:
-    """One run, if this replica takes the lock: the counters deleted (None: another replica
-    is running)."""
+    """One run, if this replica takes the lock: the counters and firings deleted (None:
+    another replica is running)."""
     cutoff = now - timedelta(seconds=after_s)
     async with session_lock(pool, LOCK_KEY) as conn:
         if conn is None:
             return None
         total = 0
-        while (done := await store.forget_announcements(conn, cutoff, batch)) == batch:
+        for forget in (store.forget_announcements, store.forget_fired):
+            while (done := await forget(conn, cutoff, batch)) == batch:
+                total += done
+                await asyncio.sleep(PAUSE_S)
             total += done
-            await asyncio.sleep(PAUSE_S)
-        return total + done
+        return total
 
 
 def running(clock: Callable[[], float]) -> Callable[[web.Application], AsyncIterator[None]]:

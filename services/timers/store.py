@@ -12,7 +12,7 @@ from datetime import datetime
 
 import msgspec
 
-from services.timers.deadlines import KINDS, Due, Kind, Window
+from services.timers.deadlines import Due, Kind, Window, source
 from shared.infra.db import Conn
 
 # The table service's view of its tables' deadlines (services/table/migrations/009).
@@ -57,7 +57,7 @@ async def set_scanned(conn: Conn, kind: Kind, to: datetime) -> None:
 
 def _columns(kind: Kind) -> str:
     """The view's columns of one kind as (seat, since, seq)."""
-    if kind == "absence":
+    if source(kind) == "absence":
         return "d.absence_seat AS seat, d.absence_since AS since, d.absence_seq AS seq"
     return "NULL::smallint AS seat, d.expiry_since AS since, d.expiry_seq AS seq"
 
@@ -65,10 +65,11 @@ def _columns(kind: Kind) -> str:
 def _unfired_in(kind: Kind) -> str:
     """FROM and WHERE of the deadlines of ``kind`` with their moment in ($1, $2] that were
     not fired ($3: the kind)."""
+    column = source(kind)
     return (
-        f"FROM {TIMER_DEADLINES} d WHERE d.{kind}_since > $1 AND d.{kind}_since <= $2"
+        f"FROM {TIMER_DEADLINES} d WHERE d.{column}_since > $1 AND d.{column}_since <= $2"
         " AND NOT EXISTS (SELECT FROM fired f WHERE f.table_id = d.table_id"
-        f" AND f.kind = $3 AND f.seq >= d.{kind}_seq)"
+        f" AND f.kind = $3 AND f.seq >= d.{column}_seq)"
     )
 
 
@@ -76,7 +77,8 @@ async def due_in(conn: Conn, kind: Kind, look: Window, limit: int) -> list[Due]:
     """Up to ``limit`` deadlines of ``kind`` whose moment is in ``look`` and that were not
     fired, oldest first."""
     rows = await conn.fetch(
-        f"SELECT d.table_id, {_columns(kind)} {_unfired_in(kind)} ORDER BY d.{kind}_since LIMIT $4",
+        f"SELECT d.table_id, {_columns(kind)} {_unfired_in(kind)}"
+        f" ORDER BY d.{source(kind)}_since LIMIT $4",
         look.start,
         look.end,
         kind,
@@ -101,8 +103,9 @@ async def count_due(conn: Conn, kind: Kind, look: Window) -> int:
 
 async def next_moment(conn: Conn, kind: Kind, after: datetime) -> datetime | None:
     """The earliest moment of a deadline of ``kind`` after ``after`` (not due yet)."""
+    column = source(kind)
     value: datetime | None = await conn.fetchval(
-        f"SELECT min({kind}_since) FROM {TIMER_DEADLINES} WHERE {kind}_since > $1", after
+        f"SELECT min({column}_since) FROM {TIMER_DEADLINES} WHERE {column}_since > $1", after
     )
     return value
 
@@ -178,11 +181,22 @@ async def next_resend(conn: Conn) -> datetime | None:
     return value
 
 
-async def scanned(conn: Conn) -> dict[Kind, datetime]:
-    """How far each kind was looked at (no lock)."""
-    rows = await conn.fetch("SELECT kind, scanned_to FROM scans")
+async def scanned(conn: Conn, kinds: tuple[Kind, ...]) -> dict[Kind, datetime]:
+    """How far each of ``kinds`` was looked at (no lock)."""
+    rows = await conn.fetch("SELECT kind, scanned_to FROM scans WHERE kind = any($1)", kinds)
     found = {row["kind"]: row["scanned_to"] for row in rows}
-    return {kind: found[kind] for kind in KINDS}
+    return {kind: found[kind] for kind in kinds}
+
+
+async def add_scans(conn: Conn, kinds: tuple[Kind, ...]) -> None:
+    """A ``scans`` row for each of ``kinds`` that has none (a reminder offset new to this
+    deployment): its first look starts at 1970, so every turn already past the offset and
+    not past the next reminder is reminded once."""
+    await conn.execute(
+        "INSERT INTO scans (kind, scanned_to) SELECT unnest($1::text[]), 'epoch'"
+        " ON CONFLICT (kind) DO NOTHING",
+        kinds,
+    )
 
 
 async def next_announcement(conn: Conn, table_id: str, now: datetime) -> int:
@@ -210,4 +224,20 @@ DELETE FROM announcements WHERE table_id IN (
 async def forget_announcements(conn: Conn, cutoff: datetime, batch: int) -> int:
     """Delete up to ``batch`` counters of archived tables idle since ``cutoff``; how many."""
     status = await conn.execute(_FORGET_ANNOUNCEMENTS, cutoff, batch)
+    return int(status.split()[-1])
+
+
+# Firings (of any kind: a reminder offset no longer configured is never looked at again, so
+# its rows would stay) of archived tables whose moment is before $1.
+_FORGET_FIRED = f"""
+DELETE FROM fired WHERE (table_id, kind) IN (
+    SELECT f.table_id, f.kind FROM fired f WHERE f.since < $1 AND f.next_at IS NULL
+        AND NOT EXISTS (SELECT FROM {TIMER_DEADLINES} d WHERE d.table_id = f.table_id)
+    LIMIT $2 FOR UPDATE SKIP LOCKED)
+"""
+
+
+async def forget_fired(conn: Conn, cutoff: datetime, batch: int) -> int:
+    """Delete up to ``batch`` firings of archived tables from before ``cutoff``; how many."""
+    status = await conn.execute(_FORGET_FIRED, cutoff, batch)
     return int(status.split()[-1])

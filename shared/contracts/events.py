@@ -224,6 +224,30 @@ class AbsenceClaimable(Event, tag="absence_claimable", frozen=True, kw_only=True
     table_seq: int | None = None
 
 
+ReminderKind = Literal["waiting", "claimable"]
+
+
+class TurnReminder(Event, tag="turn_reminder", frozen=True, kw_only=True):
+    """The seat to act has had its decision for a while: a notifier's cue (issue 33).
+
+    A ``timer`` stream event, sent by the timer service ``after_s`` into a turn: ``waiting`` at
+    each of ``GIN_TURN_REMINDERS_S``, ``claimable`` once the absence time has passed (right
+    after ``absence_claimable``: the other seat may now claim the match, R10.2). ``since`` is
+    when the seat got the decision (by the table event ``table_seq``), ``waited_s`` how long
+    it had waited when the reminder went, ``claimable_at`` when (or since when) the other seat
+    may claim. A reminder whose next one was due already when it went (the timers were down
+    across both) is not sent: the later one says more.
+    """
+
+    seat: int
+    since: datetime
+    waited_s: float
+    claimable_at: datetime
+    reminder: ReminderKind
+    after_s: float
+    table_seq: int | None = None
+
+
 class TableExpired(Event, tag="table_expired", frozen=True, kw_only=True):
     """No command was accepted for the expiry time: the table closed (R10.3).
 
@@ -277,6 +301,7 @@ AnyEvent = (
     | RematchOffered
     | RematchAccepted
     | AbsenceClaimable
+    | TurnReminder
     | TableExpired
     | TableClosed
     | PlayerErased

@@ -118,6 +118,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     timer_poll_s: float = 1.0  # the timer service looks for due deadlines at least this often
     timer_batch: int = 100  # due deadlines taken per transaction
     timer_retry_s: float = 600.0  # an expiry the table has not reported yet is sent again after
+    # Turn reminders (issue 33): whole seconds into a turn, comma-separated, increasing, each
+    # below absence_after_s; a reminder also goes when the absence becomes claimable. Empty: none.
+    turn_reminders_s: str = "86400,158400"
     shutdown_grace_s: float = 10.0
     # What survives a full collection is frozen (the next scans only what is new); everything
     # is thawed and collected once this often (0: nothing frozen after the start).

@@ -42,6 +42,7 @@ DESIGN_EVENT_TYPES = [
     "rematch_offered",
     "rematch_accepted",
     "absence_claimable",
+    "turn_reminder",
     "table_expired",
     "table_closed",
     "player_erased",
@@ -290,6 +291,10 @@ OLD_PAYLOADS: dict[str, bytes] = {
     "rematch_offered": b'{"type":"rematch_offered","match":1,"seat":0}',
     "rematch_accepted": b'{"type":"rematch_accepted","match":2}',
     "absence_claimable": b'{"type":"absence_claimable","seat":1,"since":"2026-01-01T00:00:00Z"}',
+    "turn_reminder": (
+        b'{"type":"turn_reminder","seat":1,"since":"2026-01-01T00:00:00Z","waited_s":86400.2,'
+        b'"claimable_at":"2026-01-03T00:00:00Z","reminder":"waiting","after_s":86400.0}'
+    ),
     "table_expired": b'{"type":"table_expired"}',
     "table_closed": b'{"type":"table_closed","reason":"rematch_declined"}',
     "message_posted": b'{"type":"message_posted","message_id":7,"seat":0,"name":"Ana","text":"oi"}',

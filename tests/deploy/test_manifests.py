@@ -734,6 +734,8 @@ def test_each_publisher_uses_only_its_own_routing_keys() -> None:
         allowed = {u for u, key in keys.items() if _can(topic["write"], key)}
         assert allowed == {user}, user
         assert _can(topic["read"], table_event_key("*", "seat_taken"))
+    # every timer event, the turn reminders too (issue 33)
+    assert _can(topics["gin-timers"]["write"], timer_key("t1", "turn_reminder"))
 
 
 def test_each_service_connects_as_its_own_broker_user() -> None:

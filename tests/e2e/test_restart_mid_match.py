@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 TABLES = 6
 RESTARTS = 12
 # Events of other streams than the table's own (chat, timers): not in its log.
-OTHER_STREAMS = {"message_posted", "absence_claimable"}
+OTHER_STREAMS = {"message_posted", "absence_claimable", "turn_reminder"}
 
 
 class Restarting:

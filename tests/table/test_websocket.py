@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,9 +16,9 @@ import msgspec
 import pytest
 
 from services.table.ws import HUB
-from shared.contracts.envelope import wrap
-from shared.contracts.events import MessagePosted
-from shared.contracts.names import EVENTS_EXCHANGE, chat_key
+from shared.contracts.envelope import Envelope, wrap
+from shared.contracts.events import MessagePosted, TurnReminder
+from shared.contracts.names import EVENTS_EXCHANGE, chat_key, timer_key
 from shared.infra.auth import mint
 from shared.infra.service import POOL
 from shared.infra.settings import Settings
@@ -368,5 +369,64 @@ async def test_a_socket_opened_while_the_hubs_channel_is_away_is_served(
         assert heard is not None
         assert heard["event"]["type"] == "message_posted"
         assert not hub.unbound
+    finally:
+        await ws.close()
+
+
+async def test_a_turn_reminder_reaches_the_tables_sockets_once(
+    api: Api, settings: Settings
+) -> None:
+    """Issue 33: the timers' turn_reminder (timer stream) goes to the table's watchers like
+    absence_claimable, once by id; a timer event of a newer contract is skipped."""
+    table_id, ana, _ = await api.table_for_two()
+    since = datetime.now(UTC)
+    reminder = Envelope(
+        id=uuid.uuid4(),
+        type="turn_reminder",
+        table_id=table_id,
+        stream="timer",
+        seq=1,
+        occurred_at=since,
+        data=TurnReminder(
+            seat=1,
+            since=since,
+            waited_s=86400.0,
+            claimable_at=since,
+            reminder="waiting",
+            after_s=86400.0,
+            table_seq=3,
+        ),
+    )
+    ws = await api.client.ws_connect(ws_path(table_id, ana))
+    try:
+        assert (await ws_receive(ws))["kind"] == "snapshot"
+        connection = await aio_pika.connect(settings.amqp_url)
+        async with connection:
+            channel = await connection.channel()
+            exchange = await channel.get_exchange(settings.prefix + EVENTS_EXCHANGE)
+
+            async def publish(body: bytes, key: str) -> None:
+                await exchange.publish(aio_pika.Message(body), routing_key=key)
+
+            heard = None
+            for _ in range(100):  # until the hub has bound the table's timer events
+                await publish(msgspec.json.encode(reminder), timer_key(table_id, "turn_reminder"))
+                with contextlib.suppress(TimeoutError):
+                    heard = await ws_receive(ws, within_s=0.1)
+                    break
+            assert heard is not None
+            assert heard["kind"] == "event"
+            assert heard["event"]["id"] == str(reminder.id)
+            assert heard["event"]["data"]["reminder"] == "waiting"
+            newer = {**msgspec.to_builtins(reminder), "id": str(uuid.uuid4()), "seq": 2}
+            newer["type"] = newer["data"]["type"] = "turn_nudged"  # a newer contract's type
+            await publish(msgspec.json.encode(reminder), timer_key(table_id, "turn_reminder"))
+            await publish(msgspec.json.encode(newer), timer_key(table_id, "turn_nudged"))
+            chat = MessagePosted(message_id=1, seat=1, name="Bia", text="oi")
+            posted = wrap(table_id, 1, chat, since)
+            await publish(msgspec.json.encode(posted), chat_key(table_id))
+            # the next frame is the chat message: the repeat and the unknown type sent nothing
+            marker = await ws_receive(ws, within_s=10)
+        assert marker["event"]["type"] == "message_posted", marker
     finally:
         await ws.close()

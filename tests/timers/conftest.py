@@ -41,8 +41,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def timing(settings: Settings, absence_s: float, expiry_s: float, **more: Any) -> Settings:
-    """The run's settings with short absence and expiry times and a quick firing loop."""
-    changes: dict[str, Any] = {"timer_poll_s": 0.1, "relay_poll_s": 0.1, **more}
+    """The run's settings with short absence and expiry times and a quick firing loop (and no
+    turn reminders unless ``turn_reminders_s`` says: the default offsets are longer than a
+    test's absence time)."""
+    changes: dict[str, Any] = {
+        "timer_poll_s": 0.1,
+        "relay_poll_s": 0.1,
+        "turn_reminders_s": "",
+        **more,
+    }
     return msgspec.structs.replace(
         settings, absence_after_s=absence_s, expiry_after_s=expiry_s, **changes
     )
@@ -206,6 +213,7 @@ class TimerProcess:
             "GIN_HTTP_PORT": str(self.port),
             "GIN_ABSENCE_AFTER_S": str(s.absence_after_s),
             "GIN_EXPIRY_AFTER_S": str(s.expiry_after_s),
+            "GIN_TURN_REMINDERS_S": s.turn_reminders_s,
             "GIN_TIMER_POLL_S": str(s.timer_poll_s),
             "GIN_TIMER_BATCH": str(s.timer_batch),
             "GIN_RELAY_POLL_S": str(s.relay_poll_s),

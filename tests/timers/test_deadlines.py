@@ -261,3 +261,33 @@ def test_r10_2_r10_3_look_back_is_far_above_the_margin() -> None:
         NOW - ABSENCE - MARGIN,
         NOW - ABSENCE - MARGIN,
     )
+
+
+# --- turn reminders (issue 33): kinds of the absence moment ----------------------------------
+
+REMINDING = Durations(absence_after_s=300.0, expiry_after_s=3600.0, reminders_s=(100, 200))
+
+
+def test_each_reminder_offset_is_a_kind_of_its_own() -> None:
+    assert REMINDING.kinds == ("absence", "expiry", "reminder:100", "reminder:200")
+    assert DURATIONS.kinds == ("absence", "expiry")  # none configured: none looked for
+    assert due_at("reminder:100", T0, REMINDING) == T0 + timedelta(seconds=100) + MARGIN
+    look = window("reminder:200", EPOCH, NOW, REMINDING)
+    assert look.end == NOW - timedelta(seconds=200) - MARGIN
+
+
+@pytest.mark.parametrize(
+    ("kind", "waited_s", "outdated"),
+    [
+        ("reminder:100", 150, False),
+        ("reminder:100", 200, True),  # the 200 s reminder is due: it says more
+        ("reminder:200", 300, False),  # R10.2: claimable only *after* the absence time
+        ("reminder:200", 301, True),  # the claimable reminder is due
+        ("absence", 10_000, False),  # never outdated: the claimable one goes with it
+        ("expiry", 10_000, False),
+    ],
+)
+def test_a_reminder_is_outdated_once_the_next_one_is_due(
+    kind: Kind, waited_s: float, outdated: bool
+) -> None:
+    assert REMINDING.superseded(kind, T0, T0 + timedelta(seconds=waited_s)) is outdated

@@ -65,3 +65,41 @@ async def test_one_replica_at_a_time(settings: Settings) -> None:
     finally:
         await holder.close()
         await pool.close()
+
+
+async def test_an_archived_tables_firings_go_reminders_too(
+    settings: Settings, synthetic: str
+) -> None:
+    """Issue 33: the firings of turn reminders (also of an offset no longer configured, which no
+    look reaches to forget) go with the table's archive, like its counter."""
+    await migrate_table(settings)
+    await migrate(settings)
+    now = datetime(2001, 6, 1, tzinfo=UTC)
+    old = now - AFTER - timedelta(days=1)
+    archived, open_one = synthetic + "archived-f", synthetic + "open-f"
+    pool = await create_pool(settings.database_url, "gin_timers", 2)
+    try:
+        async with pool.acquire() as conn:
+            await put_deadlines(conn, [(open_one, 0, old, 3, old, 3)])
+            await conn.executemany(
+                "INSERT INTO fired (table_id, kind, seq, since, fired_at, attempts)"
+                " VALUES ($1, $2, 3, $3, $3, 1)",
+                [
+                    (table_id, kind, old)
+                    for table_id in (archived, open_one)
+                    for kind in ("absence", "reminder:86400", "reminder:7")
+                ],
+            )
+        assert await retention.run_once(pool, now, AFTER.total_seconds(), batch=2) == 3
+        async with pool.acquire() as conn:
+            kept = await conn.fetch(
+                "SELECT table_id, kind FROM fired WHERE table_id LIKE $1", synthetic + "%"
+            )
+            assert {(r["table_id"], r["kind"]) for r in kept} == {
+                (open_one, "absence"),
+                (open_one, "reminder:86400"),
+                (open_one, "reminder:7"),
+            }
+            await conn.execute("DELETE FROM fired WHERE table_id LIKE $1", synthetic + "%")
+    finally:
+        await pool.close()

@@ -209,6 +209,15 @@ test("absence_claimable says so and reads the view again; chat messages are kept
   assert.equal(s.lastSeq, 10); // neither is a table event
 });
 
+test("a turn_reminder from the socket changes nothing: the page shows the turn already", () => {
+  const s = atTable();
+  const reminder = { type: "turn_reminder", stream: "timer", seq: 2, data: { seat: 0, reminder: "waiting" } };
+  const next = reduce(s, frame(reminder));
+  assert.deepEqual(types(next), []);
+  assert.deepEqual(next.log, s.log);
+  assert.equal(next.lastSeq, s.lastSeq); // not a table event
+});
+
 test("the reducer changes no state it is given", () => {
   const s = atTable();
   const frozen = JSON.stringify(s);
