@@ -84,15 +84,7 @@ async def table_socket(request: web.Request) -> web.StreamResponse:
                     await archive.refuse_if_archived(conn, table_id)  # 410 if archived
                 raise
     settings = request.app[SETTINGS]
-    # Past max_msg_size aiohttp closes the socket with 1009 (CLOSE_MESSAGE_TOO_BIG).
-    ws = SharedDeflateResponse(
-        deflate=hub.deflater.deflate,
-        compress=settings.ws_deflate,
-        heartbeat=30.0,
-        max_msg_size=settings.ws_max_frame_bytes,
-        writer_limit=WRITER_LIMIT_BYTES,
-    )
-    await ws.prepare(request)
+    ws = await _prepared(request)
     client = await hub.open(table_id, ws, identity, request.transport)
     hub.expire_at(client, closes_at(identity, settings.auth_leeway_s))
     try:
@@ -204,14 +196,7 @@ async def player_socket(request: web.Request) -> web.StreamResponse:
     await limit(request, "sockets", identity)
     settings = request.app[SETTINGS]
     hub, lobby = request.app[HUB], request.app[LOBBY_KEY]
-    ws = SharedDeflateResponse(
-        deflate=hub.deflater.deflate,
-        compress=settings.ws_deflate,
-        heartbeat=30.0,
-        max_msg_size=settings.ws_max_frame_bytes,
-        writer_limit=WRITER_LIMIT_BYTES,
-    )
-    await ws.prepare(request)
+    ws = await _prepared(request)
     client = await lobby.open(ws, identity, request.transport)
     hub.expire_at(client, closes_at(identity, settings.auth_leeway_s))
     try:
@@ -222,6 +207,21 @@ async def player_socket(request: web.Request) -> web.StreamResponse:
                 _send_error(request, client, ErrorDetail(code="invalid_request", message=message))
     finally:
         lobby.release(client)
+    return ws
+
+
+async def _prepared(request: web.Request) -> SharedDeflateResponse:
+    """The socket's response, upgraded: frames the hub compressed once for all when the client
+    offered permessage-deflate; past max_msg_size aiohttp closes it with 1009."""
+    settings = request.app[SETTINGS]
+    ws = SharedDeflateResponse(
+        deflate=request.app[HUB].deflater.deflate,
+        compress=settings.ws_deflate,
+        heartbeat=30.0,
+        max_msg_size=settings.ws_max_frame_bytes,
+        writer_limit=WRITER_LIMIT_BYTES,
+    )
+    await ws.prepare(request)
     return ws
 
 
