@@ -1,8 +1,8 @@
-"""Bot strength (issue 18): mirrored tournaments between the levels and the classic player.
+"""Bot strength (issues 18, 35): mirrored tournaments between the levels and two yardsticks.
 
 Each pairing is one ``services.bots.tournament`` run (mirrored pairs of matches to 100 points,
 each seat deciding from its own view only) and prints one JSON line: the first strategy's
-share of the matches with its 95% Wilson interval, the goal it is held to, and both
+share of the matches with its 95% Wilson interval, the goals it is held to, and both
 strategies' decision times in ms (p50, p99, mean, max), as wall-clock time and as the deciding
 thread's CPU time (one core's cost, whatever else the machine runs). ``BENCH_BOTS_MATCHES``
 (2000), ``BENCH_BOTS_SEED`` (7) and ``BENCH_BOTS_WORKERS`` (2) change the runs.
@@ -16,12 +16,17 @@ import os
 from services.bots import tournament
 
 SIMPLE = "services.bots.strategies.simple:decide"
-# (a, b, a short name for b, the share of matches a must win)
+HUNTER = "services.bots.strategies.hunter:decide"
+# (a, b, a short name for b, the share of matches a must win): issue 35's goals. LUNA is held
+# to both yardsticks, the early knocker and the patient gin hunter.
 PAIRINGS = (
-    ("luna", SIMPLE, "simple", 0.72),
+    ("luna", SIMPLE, "simple", 0.78),
+    ("luna", HUNTER, "gin_hunter", 0.60),
     ("luna", "carmen", "carmen", 0.75),
     ("carmen", "tito", "tito", 0.75),
 )
+# The most a decision of the first strategy may take, in wall-clock ms: (p99, slowest).
+DECISION_GOAL_MS = (100.0, 300.0)
 
 
 def main() -> None:
@@ -38,6 +43,7 @@ def main() -> None:
             "win_rate": result["a_win_rate"],
             "ci95": result["ci95"],
             "goal": goal,
+            "decision_goal_ms": {"p99": DECISION_GOAL_MS[0], "max": DECISION_GOAL_MS[1]},
             "points_per_hand": {
                 a: result["points_per_hand"]["a"],
                 b_name: result["points_per_hand"]["b"],

@@ -16,7 +16,17 @@ import msgspec
 import pytest
 
 from services.bots import tournament
-from services.bots.strategies import STRATEGIES, NoDecision, carmen, knowledge, load, luna, tito
+from services.bots.strategies import (
+    STRATEGIES,
+    NoDecision,
+    carmen,
+    hunter,
+    knowledge,
+    load,
+    luna,
+    tito,
+)
+from services.bots.strategies.knowledge import read
 from shared.contracts import commands as c
 from shared.contracts.events import AnyEvent, MatchEnded, Player
 from shared.contracts.options import TableOptions
@@ -315,3 +325,50 @@ def test_wilson_interval() -> None:
     low, high = tournament.wilson(60, 100)
     assert low == pytest.approx(0.5020, abs=1e-4)
     assert high == pytest.approx(0.6906, abs=1e-4)
+
+
+def test_the_gin_hunter_only_returns_a_legal_move(positions: list[TableView]) -> None:
+    """The second yardstick (issue 35) plays the views every level plays."""
+    for i, view in enumerate(positions):
+        move = hunter.decide(view, random.Random(i))
+        assert move in view.legal, (view.hand, move)
+        assert not isinstance(move, QUITS)
+
+
+def test_the_gin_hunter_takes_the_pile_top_only_into_a_meld(positions: list[TableView]) -> None:
+    taking = 0
+    for view in positions:
+        if view.hand is None or view.hand.phase not in ("upcard", "draw"):
+            continue
+        move = hunter.decide(view, random.Random(0))
+        took = isinstance(move, c.TakeUpcard) or (
+            isinstance(move, c.Draw) and move.source == "discard"
+        )
+        k = read(view)
+        assert took == (
+            k.top is not None
+            and hunter.melds_with(k.hand, k.top)
+            and any(
+                isinstance(m, c.TakeUpcard) or (isinstance(m, c.Draw) and m.source == "discard")
+                for m in view.legal
+            )
+        ), (view.hand, move)
+        taking += took
+    assert taking  # the positions hold such takes
+
+
+def test_the_gin_hunter_knocks_early_and_later_plays_for_gin(positions: list[TableView]) -> None:
+    early = late = 0
+    for view in positions:
+        knocks = [m for m in view.legal if isinstance(m, c.Knock) and m.deadwood]
+        if not knocks or any(isinstance(m, c.Knock) and m.deadwood == 0 for m in view.legal):
+            continue
+        move = hunter.decide(view, random.Random(0))
+        if hunter.my_turns(read(view)) <= hunter.KNOCK_TURNS:
+            early += 1
+            assert isinstance(move, c.Knock), (view.hand, move)
+        else:
+            late += 1
+            assert isinstance(move, c.Discard), (view.hand, move)
+    assert early  # both kinds of position were met
+    assert late
