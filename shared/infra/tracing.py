@@ -44,6 +44,15 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 EXPORTERS = ("otlp", "console")  # OTEL_TRACES_EXPORTER's values that turn tracing on
+# The OTEL_* variables the manifests set (deploy/k8s/base/settings.env): the switch, the
+# sampling and the collector the SDK reads once it is on.
+ENV_NAMES = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
 _propagator = TraceContextTextMapPropagator()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -185,6 +194,17 @@ def ids() -> tuple[str, str] | None:
 
 
 # --- the spans --------------------------------------------------------------------------------
+
+
+@contextmanager
+def span(name: str, attributes: Mapping[str, int | str] | None = None) -> Iterator[None]:
+    """A span current for the block (a new trace when none is current): work that starts
+    on its own, a timer's firing, a bot turn sent again."""
+    if _process.provider is None:
+        yield
+        return
+    with _process.tracer.start_as_current_span(name, attributes=attributes):
+        yield
 
 
 @contextmanager
