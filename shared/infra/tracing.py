@@ -197,13 +197,17 @@ def ids() -> tuple[str, str] | None:
 
 
 @contextmanager
-def span(name: str, attributes: Mapping[str, int | str] | None = None) -> Iterator[None]:
+def span(
+    name: str,
+    attributes: Mapping[str, int | str] | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> Iterator[None]:
     """A span current for the block (a new trace when none is current): work that starts
-    on its own, a timer's firing, a bot turn sent again."""
+    on its own (a timer's firing, a bot turn sent again), a WebSocket's command."""
     if _process.provider is None:
         yield
         return
-    with _process.tracer.start_as_current_span(name, attributes=attributes):
+    with _process.tracer.start_as_current_span(name, attributes=attributes, kind=kind):
         yield
 
 
@@ -214,7 +218,8 @@ def handling(name: str, message_headers: Mapping[str, object] | None) -> Iterato
     if _process.provider is None:
         yield
         return
-    parent = _context_of((message_headers or {}).get("traceparent"))
+    # A message without one starts a trace of its own.
+    parent = _context_of((message_headers or {}).get("traceparent")) or otel_context.Context()
     with _process.tracer.start_as_current_span(
         f"{name} process", context=parent, kind=SpanKind.CONSUMER
     ):
@@ -255,8 +260,9 @@ def published(spans: Sequence[Span | None], error: BaseException | None = None) 
 @web.middleware
 async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A request's span (a new trace: a public client does not choose what is sampled), named
-    by its route, current while it is handled."""
-    if _process.provider is None:
+    by its route, current while it is handled. A WebSocket gets none (it would hold every
+    command of its life in one trace): each of its commands gets its own (``span``)."""
+    if _process.provider is None or request.headers.get("Upgrade", "").lower() == "websocket":
         return await handler(request)
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"

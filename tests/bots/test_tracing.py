@@ -133,6 +133,26 @@ async def test_a_traced_outbox_row_keeps_its_traceparent(
     assert {p["traceparent"].split("-")[1] for p in parents} == {f"{move.context.trace_id:032x}"}
 
 
+async def test_each_websocket_command_is_a_trace_of_its_own(
+    traced_api: Api, spans: InMemorySpanExporter
+) -> None:
+    api = traced_api
+    table_id, ana, _ = await api.table_for_two()
+    spans.clear()
+    async with api.client.ws_connect(f"/v1/tables/{table_id}/ws?token={ana}") as ws:
+        await ws.receive_json()  # the snapshot
+        for n in range(2):
+            command = {"type": "draw", "source": "stock", "command_id": f"ws-{n}"}
+            await ws.send_json({"kind": "command", "command": command})
+            await ws.receive_json()  # its result, or its refusal
+    found = spans.get_finished_spans()
+    commands = [s for s in found if s.name == "WS command"]
+    assert len(commands) == 2
+    assert all(c.parent is None and c.kind == SpanKind.SERVER for c in commands)
+    assert commands[0].context.trace_id != commands[1].context.trace_id
+    assert not [s for s in found if s.name.endswith("/ws")]  # the socket's life: no span
+
+
 async def outbox_parents(settings: Settings, table_id: str) -> list[asyncpg.Record]:
     """The ``traceparent`` of each outbox row of a table's events."""
     async with connection(settings) as conn:
