@@ -3,10 +3,11 @@
 Off unless ``OTEL_TRACES_EXPORTER`` names an exporter (``otlp``: HTTP/protobuf to
 ``OTEL_EXPORTER_OTLP_ENDPOINT``; ``console``) and ``OTEL_SDK_DISABLED`` is not ``true``. Off,
 no SDK provider is installed and every helper here returns at its first check: no span, no
-header, no column. On, the SDK reads the standard ``OTEL_*`` variables itself: sampling
-(``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``; parent-based, so a trace is kept or
-dropped whole), the exporter's endpoint, headers and timeout, the batch processor's queue,
-the resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``).
+header, the outbox's ``traceparent`` left NULL. On, the SDK reads the standard ``OTEL_*``
+variables itself: sampling (``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``;
+parent-based, so a trace is kept or dropped whole), the exporter's endpoint, headers and
+timeout, the batch processor's queue, the resource (``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``).
 
 The spans are our own, thin, where the work is (docs/DESIGN.md, "Traces"): a request's
 (``middleware``), its statements' (``trace_statements``, asyncpg's query logger), an outbox
