@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.sdk.trace.sampling import Sampler
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 EXPORTERS = ("otlp", "console")  # OTEL_TRACES_EXPORTER's values that turn tracing on
@@ -209,6 +209,27 @@ def span(
         yield
         return
     with _process.tracer.start_as_current_span(name, attributes=attributes, kind=kind):
+        yield
+
+
+@contextmanager
+def on_behalf_of(name: str, parents: Sequence[str | None]) -> Iterator[None]:
+    """A span current for work done at once for several traced callers (the group commit's
+    statement, its changes' many commands): a child of the first sampled caller's span
+    (else the first's), linked to each of theirs. Not the span current where the work
+    began: that is whichever caller happened to start it."""
+    if _process.provider is None:
+        yield
+        return
+    traced = [p for p in parents if p is not None]
+    first = next((p for p in traced if p.endswith("-01")), traced[0] if traced else None)
+    links = [Link(trace.get_current_span(_context_of(p)).get_span_context()) for p in traced]
+    with _process.tracer.start_as_current_span(
+        name,
+        context=_context_of(first) or otel_context.Context(),
+        links=links,
+        attributes={"gin.callers": len(parents)},
+    ):
         yield
 
 

@@ -69,6 +69,15 @@ def _trace_of(found: list[ReadableSpan], span: ReadableSpan) -> list[ReadableSpa
     ]
 
 
+def _descendants(of: ReadableSpan, among: list[ReadableSpan]) -> list[ReadableSpan]:
+    found, todo = [], [of]
+    while todo:
+        children = _children(todo.pop(), among)
+        found += children
+        todo += children
+    return found
+
+
 def _children(of: ReadableSpan, among: list[ReadableSpan]) -> list[ReadableSpan]:
     assert of.context is not None
     return [s for s in among if s.parent is not None and s.parent.span_id == of.context.span_id]
@@ -103,10 +112,11 @@ async def test_a_persons_move_and_the_bots_answer_are_one_trace(
     )
     assert move.parent is None  # the move starts the trace
     one = _trace_of(found, move)
-    # The move's statements (the save of its change, with its outbox rows).
-    statements = [s for s in _children(move, one) if s.kind == SpanKind.CLIENT]
-    assert statements
+    # The move's statements: the save of its change, with its outbox rows (in a group
+    # commit's span, or in the move's own transaction).
+    statements = [s for s in _descendants(move, one) if s.kind == SpanKind.CLIENT]
     assert all(s.attributes and s.attributes["db.system.name"] == "postgresql" for s in statements)
+    assert any(s.name == "WITH" for s in statements), [s.name for s in statements]
     # The relay's publish of the bot's turn (the outbox row kept the move's traceparent).
     publishes = [s for s in one if s.kind == SpanKind.PRODUCER and s.name.endswith("bots publish")]
     assert publishes
