@@ -260,7 +260,7 @@ class OutboxRelay:
                         message_id=row["message_id"],
                         content_type="application/json",
                         delivery_mode=PERSISTENT,
-                        headers=None if span is None else tracing.header_of(span),
+                        headers=tracing.header_of(span, row["traceparent"]),
                     ),
                 )
                 for row, span in zip(rows, spans, strict=True)

@@ -177,6 +177,14 @@ def headers() -> dict[str, Any] | None:
     return None if parent is None else {"traceparent": parent}
 
 
+def _dropped(parent: str) -> bool:
+    """Whether a ``traceparent`` says its trace is not sampled (its flags' low bit)."""
+    try:
+        return not int(parent[-2:], 16) & 1
+    except ValueError:
+        return False
+
+
 def _context_of(parent: object) -> otel_context.Context | None:
     if not isinstance(parent, str | bytes):
         return None
@@ -222,7 +230,7 @@ def on_behalf_of(name: str, parents: Sequence[str | None]) -> Iterator[None]:
         yield
         return
     traced = [p for p in parents if p is not None]
-    first = next((p for p in traced if p.endswith("-01")), traced[0] if traced else None)
+    first = next((p for p in traced if not _dropped(p)), traced[0] if traced else None)
     links = [Link(trace.get_current_span(_context_of(p)).get_span_context()) for p in traced]
     with _process.tracer.start_as_current_span(
         name,
@@ -242,6 +250,16 @@ def handling(name: str, message_headers: Mapping[str, object] | None) -> Iterato
         return
     # A message without one starts a trace of its own.
     parent = _context_of((message_headers or {}).get("traceparent")) or otel_context.Context()
+    remote = trace.get_current_span(parent).get_span_context()
+    if remote.is_valid and not remote.trace_flags.sampled:
+        # Dropped upstream: no span would be kept; the decision is carried on as it came
+        # (what this work writes and sends keeps it), at no span's cost.
+        token = otel_context.attach(parent)
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+        return
     with _process.tracer.start_as_current_span(
         f"{name} process", context=parent, kind=SpanKind.CONSUMER
     ):
@@ -250,8 +268,9 @@ def handling(name: str, message_headers: Mapping[str, object] | None) -> Iterato
 
 def publishing(exchange: str, routing_key: str, parent: str | None) -> Span | None:
     """The span of one outbox row's publish, child of the work that wrote the row (its
-    ``traceparent``); None for a row without one. The caller ends it (``published``)."""
-    if _process.provider is None or parent is None:
+    ``traceparent``); None for a row without one, or of a trace not sampled. The caller ends
+    it (``published``)."""
+    if _process.provider is None or parent is None or _dropped(parent):
         return None
     return _process.tracer.start_span(
         f"{exchange} publish",
@@ -261,8 +280,11 @@ def publishing(exchange: str, routing_key: str, parent: str | None) -> Span | No
     )
 
 
-def header_of(span: Span) -> dict[str, Any]:
-    """The AMQP headers that make a message's handling a child of ``span``."""
+def header_of(span: Span | None, parent: str | None) -> dict[str, Any] | None:
+    """The AMQP headers of an outbox row's message: its publish span's ``traceparent``, else
+    the row's own (a trace not sampled: the decision travels on), else none."""
+    if span is None:
+        return None if parent is None else {"traceparent": parent}
     found = span.get_span_context()
     return {
         "traceparent": f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
