@@ -8,7 +8,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from services.bots.worker import BotMetrics, BotWorker, Strategy
-from shared.infra import service
+from shared.infra import service, tracing
 from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, SETTINGS
@@ -47,6 +47,7 @@ def create_app(
         await worker.stop()
         await app[BROKER].close()
 
+    app.cleanup_ctx.append(tracing.traced("bots"))
     app.cleanup_ctx.append(broker)
     service.add_health(app, database=False)
     return app

@@ -29,6 +29,7 @@ from shared.contracts.commands import AnyCommand
 from shared.contracts.compat import decode_bot_turn
 from shared.contracts.names import COMMANDS_EXCHANGE, COMMANDS_QUEUE, bot_queue
 from shared.contracts.views import TableView
+from shared.infra import tracing
 from shared.infra.consumer import Consumer, ConsumerMetrics, Undecodable
 
 log = structlog.get_logger()
@@ -155,6 +156,7 @@ class BotWorker:
                 content_type="application/json",
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 message_id=command.command_id,
+                headers=tracing.headers(),  # the table's handling continues the turn's trace
             ),
             routing_key=self.prefix + COMMANDS_QUEUE,
         )

@@ -15,7 +15,7 @@ from services.chat.chat import Chat
 from services.chat.consumer import TableEventConsumer
 from services.chat.dev_cors import allow_dev_page
 from services.chat.http import CHAT, METRICS, ChatMetrics, add_routes, refusals
-from shared.infra import service
+from shared.infra import service, tracing
 from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
@@ -33,7 +33,9 @@ async def migrate(settings: Settings) -> None:
 
 def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> web.Application:
     """The whole chat service, ready for ``web.run_app`` or a test client."""
-    app = web.Application(middlewares=[refusals], client_max_size=settings.max_body_bytes)
+    app = web.Application(
+        middlewares=[tracing.middleware, refusals], client_max_size=settings.max_body_bytes
+    )
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[BODY_READ_S] = settings.body_read_s
@@ -41,6 +43,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     app[REGISTRY] = registry
     app[METRICS] = ChatMetrics(registry)
     app[CHAT] = Chat(clock)
+    app.cleanup_ctx.append(tracing.traced("chat"))  # first: the pool's statements traced
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(retention.running)  # an ended table's chat, once it is archived
     app.cleanup_ctx.append(_broker)

@@ -33,7 +33,7 @@ from services.table.store import Change
 from services.table.tables import Shuffle, Tables, secure_shuffle
 from services.table.ws import FILES, HUB, MEMORY, Hub, add_socket_route
 from shared.contracts.names import SOCKETS_EXCHANGE
-from shared.infra import service
+from shared.infra import service, tracing
 from shared.infra.consumer import ConsumerMetrics
 from shared.infra.files import FileBudget
 from shared.infra.memory import MemoryBudget
@@ -62,7 +62,9 @@ def create_app(
     shuffle: Shuffle = secure_shuffle,
 ) -> web.Application:
     """The whole table service, ready for ``web.run_app`` or a test client."""
-    app = web.Application(middlewares=[refusals], client_max_size=settings.max_body_bytes)
+    app = web.Application(
+        middlewares=[tracing.middleware, refusals], client_max_size=settings.max_body_bytes
+    )
     registry = CollectorRegistry()
     app[SETTINGS] = settings
     app[BODY_READ_S] = settings.body_read_s
@@ -82,6 +84,7 @@ def create_app(
     # Under the limit as the process has it now (``service.main`` raised it first).
     app[FILES] = FileBudget.of_process(settings.files_reserve)
     app[MEMORY] = MemoryBudget.of_process(settings.memory_limit_bytes, settings.memory_full_share)
+    app.cleanup_ctx.append(tracing.traced("table"))  # first: the pool's statements traced
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(_group_commit)
     app.cleanup_ctx.append(_broker)
@@ -174,6 +177,7 @@ def create_relay_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[HEAD_READ_S] = settings.head_read_s
     app[REGISTRY] = CollectorRegistry()
+    app.cleanup_ctx.append(tracing.traced("table-relay"))
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(_relay_only)
     service.add_health(app)

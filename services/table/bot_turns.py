@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from services.table import store
 from services.table.tables import Tables
-from shared.infra import outbox
+from shared.infra import outbox, tracing
 
 log = structlog.get_logger()
 MAX_RESEND_S = 600.0
@@ -92,7 +92,8 @@ class BotTurnResend:
                 again = min(max(waited, self.resend_s), MAX_RESEND_S)  # doubling
                 due.append(now + timedelta(seconds=again))
                 resent.append((row.table_id, row.version, waited))
-            await outbox.add_many(conn, messages)
+            with tracing.span("bot turns resend", {"gin.bot_turns": len(messages)}):
+                await outbox.add_many(conn, messages)
             await store.set_bot_turn_due(conn, table_ids, due)
         with contextlib.suppress(Exception):  # committed: the relay's poll will find them
             self.wake_relay()

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from services.table import store
 from services.table.store import Attempt, Change
+from shared.infra import tracing
 from shared.infra.ops import count_buckets
 
 log = structlog.get_logger()
@@ -136,8 +137,10 @@ class GroupCommit:
         self.metrics.changes.observe(len(attempts))
         try:
             try:
+                parents = [attempt.change.traceparent for attempt in attempts]
                 async with self.pool.acquire() as conn:
-                    saved = await store.save_if_current(conn, attempts)
+                    with tracing.on_behalf_of("group commit", parents):
+                        saved = await store.save_if_current(conn, attempts)
             except Exception as exc:
                 if not outcome_known(exc):
                     for _, future in batch:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 import structlog
 from aiohttp import WSMessage, WSMsgType, web
+from opentelemetry.trace import SpanKind
 
 from services.table import archive, store
 from services.table.clients import (
@@ -39,6 +40,7 @@ from services.table.hub import HUB
 from services.table.lobby import LOBBY_KEY
 from services.table.port import PgStore
 from shared.contracts.api import ErrorDetail, WsCommand, WsError
+from shared.infra import tracing
 from shared.infra.auth import AuthError, Identity
 from shared.infra.files import FileBudget
 from shared.infra.internals import SharedDeflateResponse
@@ -163,6 +165,9 @@ async def _on_message(request: web.Request, client: Client, msg: WSMessage) -> N
         _send_error(request, client, ErrorDetail(code="invalid_request", message=message))
 
 
+WS_ROUTE = "/v1/tables/{id}/ws"
+
+
 async def _on_text(request: web.Request, client: Client, text: str) -> None:
     try:
         if client.identity is None:
@@ -170,7 +175,8 @@ async def _on_text(request: web.Request, client: Client, text: str) -> None:
             raise AuthError("connect with ?token=... to send commands")
         async with counted_command(request, client.identity):
             message = _ws_command.decode(text)
-            raw = await run_command(request, message.command, client.identity)
+            with tracing.span("WS command", {"http.route": WS_ROUTE}, SpanKind.SERVER):
+                raw = await run_command(request, message.command, client.identity)
         request.app[HUB].send(client, b'{"kind":"result","result":' + raw + b"}")
     except Exception as exc:
         refusal = refusal_of(exc)
@@ -227,5 +233,5 @@ async def _prepared(request: web.Request) -> SharedDeflateResponse:
 
 def add_socket_route(app: web.Application) -> None:
     """The WebSocket routes: a table's, and a player's tables'."""
-    app.router.add_get("/v1/tables/{id}/ws", table_socket)
+    app.router.add_get(WS_ROUTE, table_socket)
     app.router.add_get("/v1/players/me/ws", player_socket)

@@ -193,6 +193,8 @@ class Change(msgspec.Struct, kw_only=True):
     actor: str | None = None
     result: bytes | None = None
     bot_turn_due_at: datetime | None = None  # the bot's turn is sent again then, if no move
+    # The trace of the command that made it (its outbox rows carry it on), if traced.
+    traceparent: str | None = None
     # Views already built for this version, by (seat, deck design): the sockets reuse them.
     views: dict[tuple[int | None, str | None], TableView] = {}
 
@@ -268,10 +270,10 @@ WITH x AS (
         AS e(table_id, seq, type, envelope, at)
     WHERE e.table_id IN (SELECT table_id FROM moved)
 ), queued AS (
-    INSERT INTO outbox (exchange, routing_key, body, message_id)
-    SELECT o.exchange, o.routing_key, o.body, o.message_id
-    FROM unnest($20::text[], $21::text[], $22::text[], $23::bytea[], $24::text[])
-        WITH ORDINALITY AS o(table_id, exchange, routing_key, body, message_id, n)
+    INSERT INTO outbox (exchange, routing_key, body, message_id, traceparent)
+    SELECT o.exchange, o.routing_key, o.body, o.message_id, o.traceparent
+    FROM unnest($20::text[], $21::text[], $22::text[], $23::bytea[], $24::text[], $34::text[])
+        WITH ORDINALITY AS o(table_id, exchange, routing_key, body, message_id, traceparent, n)
     WHERE o.table_id IN (SELECT table_id FROM moved)
     ORDER BY o.n
 ), answered AS (
@@ -321,6 +323,7 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
     moves: list[tuple[object, ...]] = []
     events: list[tuple[object, ...]] = []
     outbox: list[tuple[object, ...]] = []
+    parents: list[str | None] = []  # each outbox row's traceparent ($34)
     hands: list[tuple[object, ...]] = []
     timers: list[tuple[object, ...]] = []
     for attempt in attempts:
@@ -350,6 +353,7 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
             for e, body in zip(change.envelopes, change.encoded, strict=True)
         )
         outbox += ((table_id, *message) for message in change.outbox)
+        parents += [change.traceparent] * len(change.outbox)
         hands += ((table_id, hand, record.decode()) for hand, record in change.hands)
         due = deadlines_of(row.status, row.state, row.last_move_at, row.seq, change.envelopes)
         timers.append((table_id, *msgspec.structs.astuple(due)))
@@ -359,6 +363,7 @@ async def save_if_current(conn: Conn, attempts: list[Attempt]) -> set[str]:
         *_columns(outbox, 5),
         *_columns(hands, 3),
         *_columns(timers, 6),
+        parents,
     )
     saved = await conn.fetch(_SAVE_IF_CURRENT, *columns)
     return {record[0] for record in saved}

@@ -45,6 +45,7 @@ from shared.contracts.events import BotLevel, Player
 from shared.contracts.options import TableOptions
 from shared.contracts.views import TableView
 from shared.engine import IllegalAction, Timing
+from shared.infra import tracing
 from shared.infra.auth import Identity
 
 __all__ = ["Actor", "Rejected", "Tables", "secure_shuffle"]
@@ -258,6 +259,7 @@ class Tables:
             outbox=outbox,
             hands=hands,
             bot_turn_due_at=due,
+            traceparent=tracing.traceparent(),
         )
 
     def bot_turn_message(self, row: TableRow, resent: str = "") -> store.OutboxRow | None:

@@ -15,7 +15,7 @@ from services.timers.deadlines import BadReminders, Durations, reminder_offsets
 from services.timers.firing import DEFAULT_EXCHANGE, Firing
 from services.timers.metrics import TimerMetrics
 from shared.contracts.names import COMMANDS_EXCHANGE, EVENTS_EXCHANGE
-from shared.infra import service
+from shared.infra import service, tracing
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
@@ -54,6 +54,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     app[CLOCK] = clock
     app[REGISTRY] = registry
     app[METRICS] = TimerMetrics(registry, durations.reminders_s)
+    app.cleanup_ctx.append(tracing.traced("timers"))  # first: the pool's statements traced
     app.cleanup_ctx.append(service.database(SCHEMA, MIGRATIONS))
     app.cleanup_ctx.append(retention.running(clock))  # archived tables' counters
     app.cleanup_ctx.append(_broker)

@@ -61,7 +61,7 @@ from shared.contracts.commands import Expire
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import AbsenceClaimable, ReminderKind, TurnReminder
 from shared.contracts.names import COMMANDS_EXCHANGE, COMMANDS_QUEUE, EVENTS_EXCHANGE, timer_key
-from shared.infra import outbox
+from shared.infra import outbox, tracing
 from shared.infra.db import Conn
 
 log = structlog.get_logger()
@@ -257,10 +257,11 @@ class Firing:
     async def _fire(self, conn: Conn, taken: list[Due], now: datetime) -> None:
         if not taken:
             return
-        rows = [row for due in taken for row in await self._messages(conn, due, now)]
-        if rows:
-            await outbox.add_many(conn, rows)
-        await store.record_fired(conn, [self._fired(due, now) for due in taken])
+        with tracing.span("timers fire", {"gin.deadlines": len(taken)}):  # rows carry it on
+            rows = [row for due in taken for row in await self._messages(conn, due, now)]
+            if rows:
+                await outbox.add_many(conn, rows)
+            await store.record_fired(conn, [self._fired(due, now) for due in taken])
 
     async def _messages(self, conn: Conn, due: Due, now: datetime) -> list[OutboxRow]:
         """What firing ``due`` sends: nothing for an outdated reminder."""

@@ -8,7 +8,8 @@ events, the bots' turns); only the decoder and the work differ. For each deliver
    look. A decoder raises ``Skip`` for a message it understood well enough to know it is not
    for it, say an event type of a newer contract: that is **acknowledged and skipped** with a
    log line, so a rolling deploy that adds an event type dead-letters nothing.
-2. Bind the **log context** (``table_id``, ``command_id``, ...) for the work and its settling.
+2. Bind the **log context** (``table_id``, ``command_id``, ...) for the work and its settling,
+   and, tracing on, open the message's span (its ``traceparent`` header the parent).
 3. **Work** (with ``in_transaction``, in one PostgreSQL transaction; what runs after the commit
    is given separately). Then settle:
    - done, or **refused** (one of the consumer's refusal types: a stale bot move, say), **ack**;
@@ -47,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from shared.contracts.compat import UnknownEvent, decode_envelope
 from shared.contracts.envelope import Envelope
-from shared.infra import db
+from shared.infra import db, tracing
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -235,7 +236,10 @@ class Consumer(Generic[T]):
             await self._dead_letter(message, "undecodable")
             return
         context = self.context(value) if self.context is not None else {}
-        with structlog.contextvars.bound_contextvars(**context):
+        with (
+            tracing.handling(self.name, message.headers),
+            structlog.contextvars.bound_contextvars(**context),
+        ):
             await self._work_and_settle(message, value)
 
     async def _work_and_settle(self, message: AbstractIncomingMessage, value: T) -> None:

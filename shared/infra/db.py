@@ -18,6 +18,8 @@ from asyncpg.pool import PoolConnectionProxy
 from shared.infra.internals import FairPool as FairPool
 from shared.infra.internals import PoolExhausted as PoolExhausted
 from shared.infra.internals import refuses_writes
+from shared.infra.tracing import on as tracing_on
+from shared.infra.tracing import trace_statements
 
 log = structlog.get_logger()
 
@@ -66,6 +68,7 @@ async def create_pool(
         max_size=size,
         max_queries=50_000,
         reset=_keep_session,
+        init=trace_statements if tracing_on() else None,  # statements' spans
         max_inactive_connection_lifetime=0,  # a timer per release and acquire cost more
         loop=None,
         connection_class=asyncpg.Connection,

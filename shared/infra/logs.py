@@ -1,5 +1,8 @@
 """structlog setup: contextvars first (table_id, command_id), JSON in production.
 
+A line written while a span is current carries its ``trace_id`` and ``span_id`` (tracing on:
+``shared.infra.tracing``), to find a trace's lines and a line's trace.
+
 With the JSON format every line a service writes is one JSON object: structlog's own lines,
 and everything that goes through the standard library's ``logging`` (aiohttp's access and
 error logs, aio-pika's, aiormq's and asyncpg's warnings and tracebacks, asyncio's "exception
@@ -20,6 +23,8 @@ from types import TracebackType
 import structlog
 from aiohttp.http_exceptions import HttpProcessingError
 from structlog.typing import EventDict, Processor, WrappedLogger
+
+from shared.infra import tracing
 
 LINES_PER_S = 10  # of one event at warning or above; the rest are counted, not written
 
@@ -134,6 +139,7 @@ def configure(log_format: str = "json", level: str = "info", service: str | None
     )
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
+        add_trace_ids,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
@@ -177,6 +183,14 @@ def configure(log_format: str = "json", level: str = "info", service: str | None
     server.addFilter(MalformedRequests())
     logging.captureWarnings(True)
     sys.excepthook = _log_uncaught
+
+
+def add_trace_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """The current span's ``trace_id`` and ``span_id``, when tracing is on and one is."""
+    found = tracing.ids()
+    if found is not None:
+        event_dict["trace_id"], event_dict["span_id"] = found
+    return event_dict
 
 
 def _add_service(service: str) -> Processor:

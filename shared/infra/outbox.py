@@ -33,6 +33,7 @@ from pamqp.commands import Basic
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared.contracts.names import EVENTS_EXCHANGE
+from shared.infra import tracing
 from shared.infra.amqp import Outgoing, publish_confirmed
 from shared.infra.db import Conn
 
@@ -50,12 +51,15 @@ PRUNE_EVERY_S = 60.0  # at most; more often when the retention is shorter
 
 
 async def add_many(conn: Conn, rows: list[tuple[str, str, bytes, str]]) -> None:
-    """Append messages (exchange, routing key, body, message id) and wake the relay."""
+    """Append messages (exchange, routing key, body, message id) and wake the relay; each
+    row keeps the current span's ``traceparent`` (none when tracing is off)."""
     if not rows:
         return
+    parent = tracing.traceparent()
     await conn.executemany(
-        "INSERT INTO outbox (exchange, routing_key, body, message_id) VALUES ($1, $2, $3, $4)",
-        rows,
+        "INSERT INTO outbox (exchange, routing_key, body, message_id, traceparent)"
+        " VALUES ($1, $2, $3, $4, $5)",
+        [(*row, parent) for row in rows],
     )
     await conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
 
@@ -91,7 +95,8 @@ SELECT pg_try_advisory_xact_lock($1) FROM
 (SELECT set_config('idle_in_transaction_session_timeout', '{int(LOCK_HOLD_S * 1000)}', true)) _
 """
 _TAKE_BATCH = """
-SELECT now() AS now, id, exchange, routing_key, body, message_id, created_at FROM outbox
+SELECT now() AS now, id, exchange, routing_key, body, message_id, created_at, traceparent
+FROM outbox
 WHERE published_at IS NULL ORDER BY id LIMIT $1
 """
 
@@ -238,6 +243,14 @@ class OutboxRelay:
             oldest: datetime = rows[0]["created_at"]
             self.metrics.lag.set((rows[0]["now"] - oldest).total_seconds())
             # One channel, one write: the order holds, the confirms are awaited together.
+            spans = (
+                [
+                    tracing.publishing(r["exchange"], r["routing_key"], r["traceparent"])
+                    for r in rows
+                ]
+                if tracing.on()
+                else [None] * len(rows)
+            )
             messages = [
                 Outgoing(
                     self.exchanges[row["exchange"]],
@@ -247,13 +260,19 @@ class OutboxRelay:
                         message_id=row["message_id"],
                         content_type="application/json",
                         delivery_mode=PERSISTENT,
+                        headers=tracing.header_of(span, row["traceparent"]),
                     ),
                 )
-                for row in rows
+                for row, span in zip(rows, spans, strict=True)
             ]
             if self.digest_to is not None:
                 messages += _digest(self.digest_to, rows)
-            await self._publish(messages)
+            try:
+                await self._publish(messages)
+            except BaseException as exc:
+                tracing.published(spans, exc)
+                raise
+            tracing.published(spans)
             await conn.execute(
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])",
                 [row["id"] for row in rows],

@@ -24,7 +24,7 @@ from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobust
 from aiohttp import web
 from prometheus_client import Histogram
 
-from shared.infra import amqp, db, files, serving
+from shared.infra import amqp, db, files, serving, tracing
 from shared.infra.auth import UnsafeTokenSettings, check_token_settings
 from shared.infra.consumer import transient
 from shared.infra.internals import UntestedVersion, check_versions
@@ -350,6 +350,10 @@ def main(
     except msgspec.ValidationError as exc:
         refuse(f"a setting is not valid: {exc}")
     refuse_untested_versions(settings)
+    try:
+        tracing.configured()
+    except ValueError as exc:
+        refuse(str(exc), settings)
     if default_port is not None and env_name("http_port") not in os.environ:
         settings = msgspec.structs.replace(settings, http_port=default_port)
     configure(settings.log_format, settings.log_level, service_name(create_app))

@@ -39,7 +39,7 @@ from shared.contracts.names import (
     table_event_key,
     timer_key,
 )
-from shared.infra import amqp
+from shared.infra import amqp, tracing
 from shared.infra.settings import Settings, env_name, env_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,7 +284,7 @@ def _given(objs: tuple[Obj, ...], container: Obj) -> tuple[set[str], set[str], s
 
 def test_every_setting_is_set_from_a_configmap_or_a_secret(overlay: str) -> None:
     objs = rendered(overlay)
-    read_by_code = set(env_names())
+    read_by_code = set(env_names()) | set(tracing.ENV_NAMES)
     for workload in workloads(objs):
         kind = component(workload)
         for container in containers(workload):

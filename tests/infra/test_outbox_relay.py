@@ -14,10 +14,13 @@ from typing import Any
 
 import asyncpg
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from shared.contracts.names import BOTS_EXCHANGE, EVENTS_EXCHANGE, SOCKETS_EXCHANGE
-from shared.infra import amqp, db
+from shared.infra import amqp, db, outbox, tracing
 from shared.infra.outbox import NOTIFY_CHANNEL, SQL_DIR, OutboxRelay, RelayMetrics
 from shared.infra.settings import Settings
 from tests.infra.cancelling import stops_when_cancelled
@@ -362,3 +365,38 @@ async def test_a_relay_whose_cancellation_turned_into_an_error_does_not_retry(
     task = asyncio.create_task(relay.run())
     assert await stops_when_cancelled(task, lambda: turns > 0), "it retried after the cancel"
     assert turns == 1
+
+
+async def test_a_traced_rows_message_carries_its_publish_span_an_untraced_rows_none(
+    replicas: Replicas, settings: Settings
+) -> None:
+    """Issue 34: the row keeps the traceparent of the work that wrote it; the relay's publish
+    is that work's child, and the message's header names the publish."""
+    traced, plain = (f"relay.{uuid.uuid4().hex[:8]}.{kind}" for kind in ("traced", "plain"))
+    exporter = InMemorySpanExporter()
+    tracing.start("test", exporter=exporter, sampler=ALWAYS_ON)
+    try:
+        async with Tap(settings, EVENTS_EXCHANGE, traced, plain) as tap:
+            with tracing.span("a move"):
+                parent = tracing.traceparent()
+                async with replicas.pool.acquire() as conn:
+                    row = (EVENTS_EXCHANGE, traced, b'{"key": "%s"}' % traced.encode(), traced)
+                    await outbox.add_many(conn, [row])
+            await replicas.commit(plain)
+            replicas.running.committed()
+            got = [await tap.take(5.0) for _ in range(2)]
+    finally:
+        tracing.stop()
+    by_key = {m.routing_key: m for m in got if m is not None}
+    assert set(by_key) == {traced, plain}
+    assert parent is not None
+    publish = next(s for s in exporter.get_finished_spans() if s.kind == SpanKind.PRODUCER)
+    assert publish.parent is not None
+    assert f"{publish.parent.span_id:016x}" == parent.split("-")[2]
+    header = by_key[traced].headers["traceparent"]
+    header = header.decode() if isinstance(header, bytes) else header
+    version, trace_id, span_id, flags = header.split("-")
+    assert (version, trace_id) == ("00", parent.split("-")[1])
+    assert span_id == f"{publish.context.span_id:016x}"
+    assert int(flags, 16) & 1  # sampled
+    assert "traceparent" not in (by_key[plain].headers or {})

@@ -427,6 +427,7 @@ async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
         rate_sync_s=0.5,
         rate_refusals=9,
         rate_preferences=4,
+        rate_lists=11,
         rate_hold_interval_s=0.3,
         rate_hold_max_s=4.0,
         rate_holds_max=40,
@@ -438,6 +439,7 @@ async def test_the_limits_come_from_the_settings(pool: asyncpg.Pool) -> None:
         "tables": Limit(120, 3600.0),
         "preferences": Limit(4, 60.0),
         "sockets": Limit(120, 60.0),
+        "lists": Limit(11, 60.0),
         "refusals": Limit(9, 60.0),
     }
     assert limiter.sync_s == 0.5

@@ -95,6 +95,7 @@ def web_settings(settings: Settings) -> Iterator[Settings]:
         http_port=port,
         public_url=f"http://127.0.0.1:{port}",
         absence_after_s=ABSENCE_S,
+        turn_reminders_s="",  # the default offsets are past this short absence: none here
         bot_think_s=0.05,
     ) as own:
         yield own
