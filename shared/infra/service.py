@@ -22,7 +22,7 @@ import structlog
 import uvloop
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
 from aiohttp import web
-from prometheus_client import Histogram
+from prometheus_client import Gauge, Histogram
 
 from shared.infra import amqp, db, files, serving, tracing
 from shared.infra.auth import UnsafeTokenSettings, check_token_settings
@@ -63,6 +63,7 @@ def database(schema: str, migrations: Path) -> CleanupCtx:
                 on_wait=pool_wait(app).observe,
             ),
         )
+        pool_connections(app, app[POOL])
         yield
         await close_pool(app[POOL], settings.shutdown_grace_s)
 
@@ -105,6 +106,22 @@ def pool_wait(app: web.Application) -> Histogram:
         registry=app[REGISTRY],
         buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
     )
+
+
+def pool_connections(app: web.Application, pool: asyncpg.Pool) -> Gauge:
+    """The gauge of the pool's connections by state, read at each scrape: ``in_use`` (held by a
+    request or message), ``idle`` (open, free) and ``max`` (``GIN_DB_POOL_SIZE``). In use near
+    max while ``gin_db_pool_wait_seconds`` climbs: the pool, not the database, is the limit."""
+    gauge = Gauge(
+        "gin_db_pool_connections",
+        "Database pool connections by state: in_use, idle, max (GIN_DB_POOL_SIZE)",
+        ["state"],
+        registry=app[REGISTRY],
+    )
+    gauge.labels("in_use").set_function(lambda: pool.get_size() - pool.get_idle_size())
+    gauge.labels("idle").set_function(pool.get_idle_size)
+    gauge.labels("max").set_function(pool.get_max_size)
+    return gauge
 
 
 async def close_pool(pool: asyncpg.Pool, grace_s: float) -> None:

@@ -1,6 +1,6 @@
 """What every service measures (issue 14, part 4): its process, each route's latency and
 status (a 5xx included, an unknown path under one label), and how long a database connection
-was waited for; the readiness probe has a connection of its own."""
+was waited for and how many it holds; the readiness probe has a connection of its own."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from shared.infra import db
 from shared.infra.ops import REGISTRY, add_ops_routes
-from shared.infra.service import DatabaseProbe
+from shared.infra.service import DatabaseProbe, pool_connections
 from shared.infra.settings import Settings
 from tests.serving import ProductionServer
 
@@ -79,6 +79,24 @@ async def test_the_pool_reports_how_long_each_acquire_waited(settings: Settings)
     assert waits[1] >= 0.25  # the one that waited out the timeout
     assert waits[0] < 0.25
     assert waits[2] < 0.25
+
+
+async def test_the_pool_reports_its_connections_held_idle_and_its_size(settings: Settings) -> None:
+    """``gin_db_pool_connections``: read at each scrape, so a held connection shows at once."""
+    app = web.Application()
+    app[REGISTRY] = registry = CollectorRegistry()
+    pool = await db.create_pool(settings.database_url, "public", 3, 5.0)
+    try:
+        pool_connections(app, pool)
+        name = "gin_db_pool_connections"
+        assert value(registry, name, state="max") == 3
+        async with pool.acquire(), pool.acquire():
+            assert value(registry, name, state="in_use") == 2
+            idle_while_held = value(registry, name, state="idle")
+        assert value(registry, name, state="in_use") == 0
+        assert value(registry, name, state="idle") == idle_while_held + 2
+    finally:
+        pool.terminate()
 
 
 async def test_readiness_has_its_own_connection_and_makes_it_again(settings: Settings) -> None:
