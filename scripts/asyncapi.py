@@ -92,6 +92,23 @@ def schemas() -> dict[str, Any]:
     return {name: without_discriminators(components[name]) for name in sorted(components)}
 
 
+# The AMQP headers a message may carry (shared/infra/tracing.py sets them on publish).
+HEADERS = {
+    "type": "object",
+    "properties": {
+        "traceparent": {
+            "type": "string",
+            "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+            "description": (
+                "W3C Trace Context of the work that made the message, present only while the"
+                " publishing service traces (OTEL_TRACES_EXPORTER set; sampled or not): a"
+                " subscriber that traces may continue it. Absent otherwise; never required."
+            ),
+        }
+    },
+}
+
+
 def event_message(event_type: str) -> dict[str, Any]:
     """The message of one event type: the envelope with that ``type`` and that ``data``."""
     cls = EVENT_TYPES[event_type]
@@ -100,6 +117,7 @@ def event_message(event_type: str) -> dict[str, Any]:
         "title": cls.__name__,
         "summary": first_line(cls),
         "contentType": "application/json",
+        "headers": HEADERS,
         "payload": {
             "allOf": [
                 {"$ref": SCHEMAS.format(name="Envelope")},
@@ -122,6 +140,7 @@ def struct_message(cls: type) -> dict[str, Any]:
         "title": cls.__name__,
         "summary": first_line(cls),
         "contentType": "application/json",
+        "headers": HEADERS,
         "payload": {"$ref": SCHEMAS.format(name=cls.__name__)},
     }
 
