@@ -131,6 +131,8 @@ def _moment(us: int) -> datetime:
 
 # The caller's tables with their place in the order (group g, key k, tail p), by index: each
 # branch one index (seat 0's person, seat 1's), each table's turn by deadlines' primary key.
+# The turn is a LATERAL lookup fenced by OFFSET 0: as a plain join, a caller with many tables
+# got a hash join reading every row of deadlines, a cost that grows with the whole service.
 # Only the page's rows then read their seats, options and scores. Row comparison on (p,
 # group, key, id): the keyset of the cursor (the tail's group is 0: ordered by key alone).
 _MINE = """
@@ -145,7 +147,10 @@ WITH mine AS (
         CASE WHEN m.status NOT IN ('waiting', 'playing', 'match_over') THEN 2
             WHEN m.status = 'playing' AND d.absence_seat = m.you THEN 0 ELSE 1 END AS g,
         coalesce(d.absence_since, d.expiry_since, m.last_move_at) AS k
-    FROM mine m LEFT JOIN deadlines d ON d.table_id = m.table_id
+    FROM mine m LEFT JOIN LATERAL (
+        SELECT absence_seat, absence_since, expiry_since FROM deadlines
+        WHERE deadlines.table_id = m.table_id OFFSET 0
+    ) d ON true
 ), placed AS (
     SELECT *, (k > $3)::int AS p FROM keyed
 ), page AS (
