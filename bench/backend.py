@@ -202,19 +202,27 @@ def backend() -> Iterator[Backend]:
                 "rabbitmq": [p for p in (rabbit.script_pid, rabbit.epmd_pid) if p],
             },
         )
-        try:
-            # The table's pool as the raw loop's connections (table_load's BENCH_POOL).
-            table_env = {**run.env, "GIN_DB_POOL_SIZE": str(POOL_SIZE)}
-            run.procs["table"] = proc = start_service(table_env, "backend-table")
-            asyncio.run(wait_ready(run.table, proc))
-            run.procs["relay"] = run.start("relay", "services.table.relay")
-            run.timer_replicas(1)
-            run.procs["chat"] = run.start("chat", "services.chat")
-            run.procs["bots"] = run.start("bots", "services.bots")
+        with every_service(run, "backend-table"):
             yield run
-        finally:
-            for proc in [*run.procs.values(), *run.timers]:
-                stop(proc)
+
+
+@contextlib.contextmanager
+def every_service(run: Backend, table_log: str) -> Iterator[Backend]:
+    """Start the table (its log named ``table_log``), its relay, a timer replica, the chat and
+    the bots, as production runs them; stop them all after."""
+    try:
+        # The table's pool as the raw loop's connections (table_load's BENCH_POOL).
+        table_env = {**run.env, "GIN_DB_POOL_SIZE": str(POOL_SIZE)}
+        run.procs["table"] = proc = start_service(table_env, table_log)
+        asyncio.run(wait_ready(run.table, proc))
+        run.procs["relay"] = run.start("relay", "services.table.relay")
+        run.timer_replicas(1)
+        run.procs["chat"] = run.start("chat", "services.chat")
+        run.procs["bots"] = run.start("bots", "services.bots")
+        yield run
+    finally:
+        for proc in [*run.procs.values(), *run.timers]:
+            stop(proc)
 
 
 def service_env(urls: dict[str, str]) -> dict[str, str]:

@@ -43,13 +43,13 @@ from bench.backend import (
     Backend,
     PartsCpu,
     declare_topology,
+    every_service,
     service_env,
     stop,
     throwaway_servers,
 )
 from bench.backend import servers as server_scripts
 from bench.table_load import (
-    POOL_SIZE,
     ROOT,
     ROUNDS,
     SECONDS,
@@ -57,8 +57,6 @@ from bench.table_load import (
     database,
     emit,
     free_port,
-    start_service,
-    wait_ready,
 )
 
 MATCHES = int(os.environ.get("BENCH_TRACING_MATCHES", "40"))
@@ -148,18 +146,8 @@ def services(backend: Backend, mode: dict[str, str]) -> Iterator[Backend]:
         env={**backend.env, **mode, "GIN_HTTP_PORT": str(free_port())},
         roots=backend.roots,
     )
-    try:
-        table_env = {**run.env, "GIN_DB_POOL_SIZE": str(POOL_SIZE)}
-        run.procs["table"] = proc = start_service(table_env, "tracing-table")
-        asyncio.run(wait_ready(run.table, proc))
-        run.procs["relay"] = run.start("relay", "services.table.relay")
-        run.timer_replicas(1)
-        run.procs["chat"] = run.start("chat", "services.chat")
-        run.procs["bots"] = run.start("bots", "services.bots")
+    with every_service(run, "tracing-table"):
         yield run
-    finally:
-        for proc in [*run.procs.values(), *run.timers]:
-            stop(proc)
 
 
 @contextlib.contextmanager
