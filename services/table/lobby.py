@@ -69,6 +69,7 @@ class Lobby:
         self.hub = hub
         self.players: dict[str, set[Client]] = {}
         self.watching: dict[str, set[str]] = {}  # table id -> its players with a socket here
+        self.tables_of: dict[str, set[str]] = {}  # player -> the table ids watched for them
         self.sent: dict[Client, dict[str, Turn]] = {}
         self.dirty: dict[str, set[str]] = {}  # table id -> the players to read it for
         self.wake = asyncio.Event()
@@ -130,7 +131,7 @@ class Lobby:
         if not self.loading:
             self.heard_meanwhile.clear()
         for table_id in ids:
-            self.watching.setdefault(table_id, set()).add(player)
+            self._watch(table_id, player)
         for table_id in changed:
             self.dirty.setdefault(table_id, set()).add(player)
             self.wake.set()
@@ -159,15 +160,26 @@ class Lobby:
         if clients:
             return
         self.players.pop(player, None)
-        for table_id in [t for t, who in self.watching.items() if player in who]:
+        for table_id in list(self.tables_of.get(player, ())):
             self._unwatch(table_id, player)
 
+    def _watch(self, table_id: str, player: str) -> None:
+        self.watching.setdefault(table_id, set()).add(player)
+        self.tables_of.setdefault(player, set()).add(table_id)
+
     def _unwatch(self, table_id: str, player: str) -> None:
+        """Forget that ``player`` watches ``table_id``: by both maps, so a socket's release
+        costs its own tables, not every table watched on the replica."""
         who = self.watching.get(table_id)
         if who is not None:
             who.discard(player)
             if not who:
                 del self.watching[table_id]
+        mine = self.tables_of.get(player)
+        if mine is not None:
+            mine.discard(table_id)
+            if not mine:
+                del self.tables_of[player]
 
     # --- changes ----------------------------------------------------------------------------
 
@@ -185,7 +197,7 @@ class Lobby:
                 for seated in (data.creator, data.player):
                     if seated is not None and seated.id in self.players:
                         players.add(seated.id)
-                        self.watching.setdefault(table_id, set()).add(seated.id)
+                        self._watch(table_id, seated.id)
         if players:
             self.dirty.setdefault(table_id, set()).update(players)
             self.wake.set()

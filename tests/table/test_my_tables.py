@@ -19,6 +19,7 @@ import pytest
 from services.table import listing
 from services.table.erasure import ERASED_NAME
 from services.table.http import READ_LIMITS
+from services.table.lobby import LOBBY_KEY
 from services.table.ws import CLOSE_TOKEN_EXPIRED, CLOSE_TRY_AGAIN_LATER, TRY_AGAIN_REASON
 from shared.infra.auth import mint
 from shared.infra.ratelimit import RateLimiter
@@ -403,3 +404,25 @@ async def test_the_list_counts_against_its_own_limit(settings: Settings) -> None
             assert int(r.headers["Retry-After"]) >= 1
             assert (await r.json())["error"]["code"] == "rate_limited"
         assert (await my_tables(api, bia))[0] == 200
+
+
+async def test_a_closed_player_socket_leaves_its_tables_unwatched(api: Api) -> None:
+    """The lobby forgets a player whose last socket closed, by their own tables (a release
+    costs those, not every table watched on the replica); the other player's stay watched."""
+    ana_id, bia_id = f"Ana-{uuid.uuid4().hex}", f"Bia-{uuid.uuid4().hex}"
+    ana, bia = api.token("Ana", ana_id), api.token("Bia", bia_id)
+    table_id = await table_for(api, ana, bia)
+    lobby = api.client.server.app[LOBBY_KEY]
+    async with api.client.ws_connect(f"/v1/players/me/ws?token={bia}") as bias:
+        assert (await ws_receive(bias))["kind"] == "tables"
+        async with api.client.ws_connect(f"/v1/players/me/ws?token={ana}") as anas:
+            assert (await ws_receive(anas))["kind"] == "tables"
+            assert lobby.watching[table_id] == {ana_id, bia_id}
+            assert table_id in lobby.tables_of[ana_id]
+        deadline = asyncio.get_running_loop().time() + 10
+        while ana_id in lobby.players and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)  # the server's side of the close runs after the client's
+        assert ana_id not in lobby.players
+        assert ana_id not in lobby.tables_of
+        assert lobby.watching[table_id] == {bia_id}
+        assert all(ana_id not in who for who in lobby.watching.values())
