@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import asyncpg
@@ -56,6 +56,9 @@ ENV_NAMES = (
 )
 _propagator = TraceContextTextMapPropagator()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# What the span helpers return when tracing is off: one shared do-nothing block, so a move's
+# handling pays a check, not a generator's setup and teardown.
+_OFF: AbstractContextManager[None] = nullcontext()
 
 
 class _Process:
@@ -205,30 +208,36 @@ def ids() -> tuple[str, str] | None:
 # --- the spans --------------------------------------------------------------------------------
 
 
-@contextmanager
 def span(
     name: str,
     attributes: Mapping[str, int | str] | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
-) -> Iterator[None]:
+) -> AbstractContextManager[None]:
     """A span current for the block (a new trace when none is current): work that starts
     on its own (a timer's firing, a bot turn sent again), a WebSocket's command."""
     if _process.provider is None:
-        yield
-        return
+        return _OFF
+    return _span(name, attributes, kind)
+
+
+@contextmanager
+def _span(name: str, attributes: Mapping[str, int | str] | None, kind: SpanKind) -> Iterator[None]:
     with _process.tracer.start_as_current_span(name, attributes=attributes, kind=kind):
         yield
 
 
-@contextmanager
-def on_behalf_of(name: str, parents: Sequence[str | None]) -> Iterator[None]:
+def on_behalf_of(name: str, parents: Sequence[str | None]) -> AbstractContextManager[None]:
     """A span current for work done at once for several traced callers (the group commit's
     statement, its changes' many commands): a child of the first sampled caller's span
     (else the first's), linked to each of theirs. Not the span current where the work
     began: that is whichever caller happened to start it."""
     if _process.provider is None:
-        yield
-        return
+        return _OFF
+    return _on_behalf_of(name, parents)
+
+
+@contextmanager
+def _on_behalf_of(name: str, parents: Sequence[str | None]) -> Iterator[None]:
     traced = [p for p in parents if p is not None]
     first = next((p for p in traced if not _dropped(p)), traced[0] if traced else None)
     links = [Link(trace.get_current_span(_context_of(p)).get_span_context()) for p in traced]
@@ -241,13 +250,18 @@ def on_behalf_of(name: str, parents: Sequence[str | None]) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def handling(name: str, message_headers: Mapping[str, object] | None) -> Iterator[None]:
+def handling(
+    name: str, message_headers: Mapping[str, object] | None
+) -> AbstractContextManager[None]:
     """A consumed message's span (its ``traceparent`` header the parent), current for the
     block: its work, what that work writes to the outbox and sends."""
     if _process.provider is None:
-        yield
-        return
+        return _OFF
+    return _handling(name, message_headers)
+
+
+@contextmanager
+def _handling(name: str, message_headers: Mapping[str, object] | None) -> Iterator[None]:
     # A message without one starts a trace of its own.
     parent = _context_of((message_headers or {}).get("traceparent")) or otel_context.Context()
     remote = trace.get_current_span(parent).get_span_context()
