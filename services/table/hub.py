@@ -138,6 +138,19 @@ class Hub:
         transport: asyncio.Transport | None = None,
     ) -> Client:
         """A client for a prepared socket, with its queue and writer, watching its table."""
+        client = self.new_client(table_id, ws, identity, transport)
+        await self.attach(table_id, client)
+        return client
+
+    def new_client(
+        self,
+        table_id: str,
+        ws: web.WebSocketResponse,
+        identity: Identity | None,
+        transport: asyncio.Transport | None,
+    ) -> Client:
+        """A client for a prepared socket, with its queue and writer, watching nothing yet
+        (the player sockets' too, ``lobby.py``)."""
         client = Client(
             ws=ws,
             identity=identity,
@@ -146,7 +159,6 @@ class Hub:
             transport=transport,
         )
         client.writer = asyncio.get_running_loop().create_task(write_frames(client, self.metrics))
-        await self.attach(table_id, client)
         return client
 
     async def attach(self, table_id: str, client: Client) -> None:

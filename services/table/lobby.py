@@ -24,7 +24,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from services.table.clients import Client, write_frames
+from services.table.clients import Client
 from services.table.hub import Hub
 from services.table.listing import Lister, open_table_ids
 from shared.contracts.api import LIST_LIMIT, MyTable, PlayerTable, PlayerTables
@@ -101,16 +101,7 @@ class Lobby:
         self, ws: web.WebSocketResponse, identity: Identity, transport: asyncio.Transport | None
     ) -> Client:
         """A player socket: its writer, its first page, and its tables watched."""
-        client = Client(
-            ws=ws,
-            identity=identity,
-            table_id=LOBBY,
-            frames=asyncio.Queue(maxsize=self.hub.send_queue),
-            transport=transport,
-        )
-        client.writer = asyncio.get_running_loop().create_task(
-            write_frames(client, self.hub.metrics), name="lobby-writer"
-        )
+        client = self.hub.new_client(LOBBY, ws, identity, transport)
         self.players.setdefault(identity.id, set()).add(client)
         self.sent[client] = {}
         self.hub.sockets += 1
@@ -143,16 +134,13 @@ class Lobby:
         self.hub.send(client, _json.encode(PlayerTables(tables=page.tables, next=page.next)))
         client.ready = True
 
-    def release(self, client: Client) -> None:
-        """The socket is done: forgotten, its player's tables unwatched if it was the last."""
-        client.gone = True
-        if client.expiry is not None:
-            client.expiry.cancel()
+    async def release(self, client: Client) -> None:
+        """The socket is done: forgotten as the hub forgets a table's (its queue and transport
+        freed), its player's tables unwatched if it was the last."""
+        await self.hub.release(client)  # watches no table: only the client's own is freed
         if self.sent.pop(client, None) is None:
             return
         self.hub.sockets -= 1
-        if client.writer is not None and not client.writing:
-            client.writer.cancel()
         assert client.identity is not None
         player = client.identity.id
         clients = self.players.get(player, set())

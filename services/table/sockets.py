@@ -212,7 +212,7 @@ async def player_socket(request: web.Request) -> web.StreamResponse:
                 message = "the player socket takes no messages: it only sends"
                 _send_error(request, client, ErrorDetail(code="invalid_request", message=message))
     finally:
-        lobby.release(client)
+        await lobby.release(client)
     return ws
 
 
