@@ -21,21 +21,21 @@ import random
 from services.bots.strategies.knowledge import (
     STOCK_AT_DEAL,
     Knowledge,
-    NoDecision,
     discard,
     discardable,
-    draw_from,
     find,
     knocks,
     match_over,
     my_turn,
+    pile_or_stock,
     read,
     rematch,
 )
 from services.bots.strategies.outlook import REACH
+from services.bots.strategies.tito import makes_meld as melds_with
 from shared.contracts import commands as c
 from shared.contracts.views import TableView
-from shared.engine.cards import POINTS
+from shared.engine.cards import POINTS, cards_of
 from shared.engine.melds import deadwood_points
 
 KNOCK_TURNS = 4  # it knocks only within its first four turns; then it waits for gin
@@ -54,19 +54,8 @@ def decide(view: TableView, rng: random.Random) -> c.Command:
     if hand.phase == "upcard":
         return c.TakeUpcard() if wants else c.PassUpcard()
     if hand.phase == "draw":
-        pile = draw_from(view, "discard")
-        move = pile if wants and pile is not None else draw_from(view, "stock")
-        if move is None:
-            raise NoDecision("no draw is legal")
-        return move
+        return pile_or_stock(view, wants)
     return end_turn(view, k)
-
-
-def melds_with(hand: int, card: int | None) -> bool:
-    """Whether ``card`` goes into a meld with ``hand`` (it lowers the deadwood it would add)."""
-    if card is None:
-        return False
-    return deadwood_points(hand | 1 << card) < deadwood_points(hand) + POINTS[card]
 
 
 def my_turns(k: Knowledge) -> int:
@@ -91,7 +80,7 @@ def discard_cost(k: Knowledge, card: int) -> float:
     """Deadwood left, less the outs of the cards kept, plus the danger of feeding the opponent."""
     kept = k.hand & ~(1 << card)
     dead = deadwood_points(kept)
-    outs = sum(1 for other in _bits(k.unseen & _reach_of(kept)) if melds_with(kept, other))
+    outs = sum(1 for other in cards_of(k.unseen & _reach_of(kept)) if melds_with(kept, other))
     taken = k.opp_known
     danger = 0.0
     if taken and melds_with(taken, card):
@@ -103,15 +92,6 @@ def discard_cost(k: Knowledge, card: int) -> float:
 
 def _reach_of(mask: int) -> int:
     out = 0
-    for card in _bits(mask):
+    for card in cards_of(mask):
         out |= REACH[card]
-    return out
-
-
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
     return out

@@ -155,6 +155,15 @@ def draw_from(view: TableView, source: str) -> c.Command | None:
     return None
 
 
+def pile_or_stock(view: TableView, wants: bool) -> c.Command:
+    """The draw from the discard pile when ``wants`` and it is legal, else from the stock."""
+    pile = draw_from(view, "discard")
+    move = pile if wants and pile is not None else draw_from(view, "stock")
+    if move is None:
+        raise NoDecision("no draw is legal")
+    return move
+
+
 def discardable(view: TableView) -> int:
     """The mask of cards the seat may discard now (all but a card just taken from the pile)."""
     mask = 0
