@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.sdk.trace.sampling import Sampler
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 EXPORTERS = ("otlp", "console")  # OTEL_TRACES_EXPORTER's values that turn tracing on
@@ -166,11 +166,19 @@ def traced(service: str) -> Callable[[web.Application], AsyncIterator[None]]:
 
 def traceparent() -> str | None:
     """The current span's W3C ``traceparent``, None when there is none (tracing off)."""
+    found = _current()
+    return None if found is None else _traceparent_of(found)
+
+
+def _current() -> SpanContext | None:
+    """The current span's context, None when tracing is off or no span is current."""
     if _process.provider is None:
         return None
     found = trace.get_current_span().get_span_context()
-    if not found.is_valid:
-        return None
+    return found if found.is_valid else None
+
+
+def _traceparent_of(found: SpanContext) -> str:
     return f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
 
 
@@ -197,12 +205,8 @@ def _context_of(parent: object) -> otel_context.Context | None:
 
 def ids() -> tuple[str, str] | None:
     """The current span's trace and span ids (hex), for a log line; None when none."""
-    if _process.provider is None:
-        return None
-    found = trace.get_current_span().get_span_context()
-    if not found.is_valid:
-        return None
-    return f"{found.trace_id:032x}", f"{found.span_id:016x}"
+    found = _current()
+    return None if found is None else (f"{found.trace_id:032x}", f"{found.span_id:016x}")
 
 
 # --- the spans --------------------------------------------------------------------------------
@@ -299,10 +303,7 @@ def header_of(span: Span | None, parent: str | None) -> dict[str, Any] | None:
     the row's own (a trace not sampled: the decision travels on), else none."""
     if span is None:
         return None if parent is None else {"traceparent": parent}
-    found = span.get_span_context()
-    return {
-        "traceparent": f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
-    }
+    return {"traceparent": _traceparent_of(span.get_span_context())}
 
 
 def published(spans: Sequence[Span | None], error: BaseException | None = None) -> None:
