@@ -40,10 +40,11 @@ from shared.contracts.views import TableStatus
 from shared.infra.db import Conn
 from shared.infra.web import Refused
 
+_FINISHED: tuple[TableStatus, ...] = ("closed", "expired")
 STATUSES: dict[str, tuple[TableStatus, ...]] = {
-    "open": ("waiting", "playing", "match_over"),
-    "finished": ("closed", "expired"),
-    "all": ("waiting", "playing", "match_over", "closed", "expired"),
+    "open": tuple(OPEN),
+    "finished": _FINISHED,
+    "all": (*OPEN, *_FINISHED),
 }
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAC_BYTES = 12

@@ -25,6 +25,7 @@ import structlog
 from aiohttp import web
 
 from services.table.clients import Client
+from services.table.deadlines import OPEN
 from services.table.hub import Hub
 from services.table.listing import Lister, open_table_ids
 from shared.contracts.api import LIST_LIMIT, MyTable, PlayerTable, PlayerTables
@@ -228,7 +229,7 @@ class Lobby:
                 continue
             sent[table_id] = turn
             self.hub.send(client, frame)
-        if entry.status not in ("waiting", "playing", "match_over"):
+        if entry.status not in OPEN:
             self._unwatch(table_id, player)
 
 
