@@ -90,17 +90,8 @@ def absence_claimable(due: Due, now: datetime, number: int) -> OutboxRow:
     """The outbox row announcing that the seat to act is absent (R10.2), the table's
     ``number``-th ``timer`` event."""
     assert due.seat is not None
-    envelope = Envelope(
-        id=uuid.uuid5(ID_NAMESPACE, f"{due.table_id}:absence:{due.seq}"),
-        type="absence_claimable",
-        table_id=due.table_id,
-        stream="timer",
-        seq=number,
-        occurred_at=now,
-        data=AbsenceClaimable(seat=due.seat, since=due.since.astimezone(UTC), table_seq=due.seq),
-    )
-    key = timer_key(due.table_id, "absence_claimable")
-    return EVENTS_EXCHANGE, key, _json.encode(envelope), str(envelope.id)
+    data = AbsenceClaimable(seat=due.seat, since=due.since.astimezone(UTC), table_seq=due.seq)
+    return _timer_event(due, now, number, "absence_claimable", f"absence:{due.seq}", data)
 
 
 def turn_reminder(
@@ -114,24 +105,38 @@ def turn_reminder(
     offset = reminder_offset(due.kind)
     after_s = durations.absence_after_s if offset is None else float(offset)
     name = "claimable" if reminder == "claimable" else str(offset)
+    data = TurnReminder(
+        seat=due.seat,
+        since=since,
+        waited_s=round((now - since).total_seconds(), 3),
+        claimable_at=since + durations.of("absence"),
+        reminder=reminder,
+        after_s=after_s,
+        table_seq=due.seq,
+    )
+    return _timer_event(due, now, number, "turn_reminder", f"reminder:{name}:{due.seq}", data)
+
+
+def _timer_event(
+    due: Due,
+    now: datetime,
+    number: int,
+    event_type: str,
+    name: str,
+    data: AbsenceClaimable | TurnReminder,
+) -> OutboxRow:
+    """The outbox row of the table's ``number``-th ``timer`` event, on ``gin.events``; its id
+    derived from the table and ``name``, so a refire of the same deadline keeps it."""
     envelope = Envelope(
-        id=uuid.uuid5(ID_NAMESPACE, f"{due.table_id}:reminder:{name}:{due.seq}"),
-        type="turn_reminder",
+        id=uuid.uuid5(ID_NAMESPACE, f"{due.table_id}:{name}"),
+        type=event_type,
         table_id=due.table_id,
         stream="timer",
         seq=number,
         occurred_at=now,
-        data=TurnReminder(
-            seat=due.seat,
-            since=since,
-            waited_s=round((now - since).total_seconds(), 3),
-            claimable_at=since + durations.of("absence"),
-            reminder=reminder,
-            after_s=after_s,
-            table_seq=due.seq,
-        ),
+        data=data,
     )
-    key = timer_key(due.table_id, "turn_reminder")
+    key = timer_key(due.table_id, event_type)
     return EVENTS_EXCHANGE, key, _json.encode(envelope), str(envelope.id)
 
 
