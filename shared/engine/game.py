@@ -462,22 +462,14 @@ def _match_over(
     bonuses: bool,
 ) -> Result:
     if state.games:  # Hollywood: closed games keep their bonuses, open ones get none (R9.12)
-        ended = MatchEnded(
-            match=state.match,
-            winner=winner,
-            reason=reason,
-            by=by,
-            tally=summed(state.options, state.games),
-            games=columns(state.options, state.games, final=True),
-        )
+        tallies = summed(state.options, state.games)
+        games = columns(state.options, state.games, final=True)
     else:
-        ended = MatchEnded(
-            match=state.match,
-            winner=winner,
-            reason=reason,
-            by=by,
-            tally=tally(state.options, state.scores, state.hands_won, winner, bonuses),
-        )
+        tallies = tally(state.options, state.scores, state.hands_won, winner, bonuses)
+        games = None
+    ended = MatchEnded(
+        match=state.match, winner=winner, reason=reason, by=by, tally=tallies, games=games
+    )
     state = replace(
         state, status="match_over", hand=None, result=ended, rematch_offers=(False, False)
     )
