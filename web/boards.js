@@ -127,9 +127,9 @@ export function sheetEl(games, names) {
   return table;
 }
 
-/** A Hollywood match's tally: games 1, 2, 3 and their sum, for each seat (R9.11). */
-function hollywoodTallyEl(result, names) {
-  const sheet = hollywoodTally(result);
+/** A Hollywood match's tally (``hollywoodTally``'s sheet): games 1, 2, 3 and their sum, for
+ * each seat (R9.11). */
+function hollywoodTallyEl(sheet, names) {
   const table = el("table", "tally hollywood-tally");
   const head = el("tr");
   head.append(el("th", "", ""));
@@ -171,8 +171,9 @@ export function matchBoard(result, names) {
     hollywoodEnding(result, names) ||
     (ENDING[result.reason] ? ENDING[result.reason](winner, names[loserSeat]) : result.reason);
   board.append(el("p", "board-how", text));
-  if (hollywoodTally(result)) {
-    board.append(sheetEl(result.games, names), hollywoodTallyEl(result, names));
+  const sheet = hollywoodTally(result);
+  if (sheet) {
+    board.append(sheetEl(result.games, names), hollywoodTallyEl(sheet, names));
     return board;
   }
   const table = el("table", "tally");
