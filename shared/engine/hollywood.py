@@ -14,9 +14,10 @@ from __future__ import annotations
 from shared.contracts.events import GameColumn, SeatTally
 from shared.contracts.options import TableOptions
 from shared.engine.scoring import tally
-from shared.engine.state import HOLLYWOOD_GAMES, GameScore
+from shared.engine.state import GameScore
 
 GAMES = 3
+HOLLYWOOD_GAMES = (GameScore(),) * GAMES  # a new match's games, all empty
 
 __all__ = ["HOLLYWOOD_GAMES", "columns", "games_of", "match_winner", "score_hand", "summed"]
 

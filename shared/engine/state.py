@@ -69,9 +69,6 @@ class GameScore(msgspec.Struct, frozen=True, kw_only=True):
         return self.winner is not None
 
 
-HOLLYWOOD_GAMES = (GameScore(), GameScore(), GameScore())
-
-
 class GameState(msgspec.Struct, frozen=True, kw_only=True):
     """A table's game: the current match (and its rematches), scores and the hand on."""
 
