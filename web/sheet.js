@@ -42,10 +42,15 @@ export function scoredInText(record) {
   return `Os pontos entraram nos jogos ${list}.`;
 }
 
+/** Whether ``result`` (a match_ended record) is a Hollywood one, with its games. */
+function hasGames(result) {
+  return !!result && Array.isArray(result.games) && result.games.length > 0;
+}
+
 /** The final tally of a Hollywood match (R9.11): per seat, each row's value in games 1, 2, 3
  * and the sum (the match's own tally); null for a match without games. */
 export function hollywoodTally(result) {
-  if (!result || !Array.isArray(result.games) || !result.games.length) return null;
+  if (!hasGames(result)) return null;
   const head = [...result.games.map((g) => `Jogo ${g.game}`), "Soma"];
   const seats = [0, 1].map((seat) => ({
     seat,
@@ -60,7 +65,7 @@ export function hollywoodTally(result) {
 
 /** The match-end sentence of a Hollywood match won at the target (R9.11), or null. */
 export function hollywoodEnding(result, names) {
-  if (!result || !Array.isArray(result.games) || !result.games.length) return null;
+  if (!hasGames(result)) return null;
   if (result.reason !== "target" || result.winner === null || result.winner === undefined) return null;
   const won = result.games.filter((g) => g.winner === result.winner).length;
   const how = won === result.games.length ? "os três jogos" : `${won} dos três jogos`;
