@@ -26,6 +26,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 METRICS = web.AppKey("metrics", TimerMetrics)
 FIRING = web.AppKey("firing", Firing)
+DURATIONS = web.AppKey("durations", Durations)
 
 
 async def migrate(settings: Settings) -> None:
@@ -52,6 +53,7 @@ def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) ->
     app[SETTINGS] = settings
     app[HEAD_READ_S] = settings.head_read_s
     app[CLOCK] = clock
+    app[DURATIONS] = durations
     app[REGISTRY] = registry
     app[METRICS] = TimerMetrics(registry, durations.reminders_s)
     app.cleanup_ctx.append(tracing.traced("timers"))  # first: the pool's statements traced
@@ -86,7 +88,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
         settings.prefix,
         app[CLOCK],
         app[METRICS],
-        durations_of(settings),
+        app[DURATIONS],
         batch=settings.timer_batch,
         poll_s=settings.timer_poll_s,
         retry_s=settings.timer_retry_s,
