@@ -79,6 +79,11 @@ def reminder_offset(kind: Kind) -> int | None:
     return int(kind.removeprefix(REMINDER)) if kind.startswith(REMINDER) else None
 
 
+def kinds_of(reminders_s: tuple[int, ...]) -> tuple[Kind, ...]:
+    """Every kind of deadline: absence, expiry and one per reminder offset."""
+    return KINDS + tuple(reminder_kind(s) for s in reminders_s)
+
+
 class Durations(msgspec.Struct, frozen=True):
     """The absence and expiry times in seconds (``GIN_ABSENCE_AFTER_S``, ``GIN_EXPIRY_AFTER_S``)
     and the turn reminders' offsets (``GIN_TURN_REMINDERS_S``, checked by
@@ -91,7 +96,7 @@ class Durations(msgspec.Struct, frozen=True):
     @property
     def kinds(self) -> tuple[Kind, ...]:
         """Every kind of deadline fired: absence, expiry and one per reminder offset."""
-        return KINDS + tuple(reminder_kind(s) for s in self.reminders_s)
+        return kinds_of(self.reminders_s)
 
     def of(self, kind: Kind) -> timedelta:
         """The time after which a deadline of that kind is due."""

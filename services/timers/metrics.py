@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.timers.deadlines import KINDS, reminder_kind
+from services.timers.deadlines import kinds_of
 
 LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
 
@@ -51,8 +51,7 @@ class TimerMetrics:
             ["reminder"],
             registry=registry,
         )
-        kinds = KINDS + tuple(reminder_kind(s) for s in reminders_s)
-        for kind in kinds:  # every series exists from the start, at 0
+        for kind in kinds_of(reminders_s):  # every series exists from the start, at 0
             self.pending.labels(kind)
             self.fired.labels(kind)
             self.lag.labels(kind)
