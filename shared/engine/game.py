@@ -34,9 +34,10 @@ from shared.contracts.events import (
     UpcardTaken,
 )
 from shared.contracts.options import TableOptions
-from shared.engine.cards import CARDS, POINTS, cards_of, mask_of, parse_card, points_of
+from shared.engine.cards import CARDS, cards_of, mask_of, parse_card, points_of
 from shared.engine.errors import IllegalAction
 from shared.engine.hollywood import columns, games_of, match_winner, score_hand, summed
+from shared.engine.limits import knock_limit
 from shared.engine.melds import (
     best_discard,
     best_meld_masks,
@@ -79,15 +80,6 @@ def deck_commitment(deck: Sequence[int], salt: str) -> str:
     """
     text = " ".join(str(CARDS[card]) for card in deck) + ":" + salt
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def knock_limit(options: TableOptions, upcard: int) -> int:
-    """The hand's knock limit (R6.0): 10, 0 for straight gin, the upcard's value for Oklahoma."""
-    if options.straight_gin:
-        return 0
-    if options.oklahoma:
-        return 0 if upcard % 13 == 0 else POINTS[upcard]
-    return 10
 
 
 def deal(state: GameState, deck: Sequence[int], salt: str, lot: int, timing: Timing) -> Result:

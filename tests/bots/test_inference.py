@@ -7,6 +7,7 @@ import random
 import pytest
 
 from services.bots.strategies.inference import (
+    MIN_SAMPLES,
     discard_regret,
     hint_likelihood,
     melds_with,
@@ -14,7 +15,9 @@ from services.bots.strategies.inference import (
     sample_hands,
 )
 from services.bots.strategies.knowledge import Knowledge
+from services.bots.strategies.outlook import Effort
 from shared.engine.cards import FULL_DECK_MASK, mask_of, parse_card, parse_cards
+from shared.engine.melds import deadwood_points
 
 
 def mask(text: str) -> int:
@@ -90,3 +93,24 @@ def test_sampled_hands_rarely_meld_with_the_cards_it_declined_and_threw() -> Non
     assert melding < plain_melding / 2
     assert all(hand & k.unseen == hand for hand in hands)
     assert all(hand.bit_count() == 10 for hand in hands)
+
+
+def test_a_patient_opponent_may_hold_a_hand_it_could_knock_with() -> None:
+    """Issue 35: with ``eager`` 1 hands within the knock limit are redrawn (it would have
+    knocked); with ``eager`` 0 (a gin hunter seen passing up knocks) they are kept."""
+    k = knowledge(known="7h 7c 7d")  # three sevens already in its hand: low hands are common
+    weights = opponent_weights(k)
+    eager = sample_hands(k, weights, random.Random(2), 300, eager=1.0)
+    patient = sample_hands(k, weights, random.Random(2), 300, eager=0.0)
+    within = [sum(deadwood_points(h) <= k.knock_limit for h in hands) for hands in (eager, patient)]
+    assert within[0] * 2 < within[1]
+
+
+def test_sampling_stops_at_a_spent_budget() -> None:
+    k = knowledge(passed="5c", discards="Ks")
+    spent = Effort(0)
+    hands = sample_hands(k, opponent_weights(k), random.Random(3), 96, effort=spent)
+    assert len(hands) == MIN_SAMPLES
+    free = Effort(1 << 40)
+    assert len(sample_hands(k, opponent_weights(k), random.Random(3), 96, effort=free)) == 96
+    assert free.spent > spent.spent > 0

@@ -372,3 +372,81 @@ def test_the_gin_hunter_knocks_early_and_later_plays_for_gin(positions: list[Tab
             assert isinstance(move, c.Discard), (view.hand, move)
     assert early  # both kinds of position were met
     assert late
+
+
+def _views_of(seat_name: str, opponent: str, seed: int, options: TableOptions) -> list[TableView]:
+    """Every view ``seat_name`` decided on in a seeded match against ``opponent`` (seat 0)."""
+    players = (load(seat_name), load(opponent))
+    deals = random.Random(seed)
+    state, _ = new_game(options, T0)
+    mine: list[TableView] = []
+    version = 0
+    while state.status == "playing":
+        version += 1
+        if state.needs_deal:
+            deck = list(range(52))
+            deals.shuffle(deck)
+            state, _ = deal(state, deck, "salt", deals.randrange(2), T0)
+            continue
+        seat = to_act(state)
+        assert seat is not None
+        view = seat_view(state, seat, version)
+        if seat == 0:
+            mine.append(view)
+        state, _ = apply(state, seat, players[seat](view, random.Random(f"{seed}:{version}")), T0)
+    return mine
+
+
+HUNTER = "services.bots.strategies.hunter:decide"
+SIMPLE = "services.bots.strategies.simple:decide"
+
+
+def test_luna_sees_a_patient_opponent_pass_up_a_knock_in_the_last_hand() -> None:
+    """Issue 35: the last hand's record (R7.4) shows a gin hunter holding a hand it could
+    have knocked with when LUNA ended the hand; an eager knocker never shows one."""
+    seen = 0
+    for seed in (1, 2, 3):
+        for view in _views_of("luna", HUNTER, seed, TableOptions()):
+            if not read(view).opp_waited:
+                continue
+            seen += 1
+            last = view.match.last_hand if view.match else None
+            assert last is not None
+            assert last.how == "dead_hand" or 0 in (last.knocker, last.winner)
+            [theirs] = [s for s in last.seats if s.seat == 1]
+            assert best_arrangement(BY_TEXT[t] for t in theirs.cards).points <= 10
+    assert seen
+    for name in (SIMPLE, "carmen"):
+        for seed in (1, 2):
+            views = _views_of("luna", name, seed, TableOptions())
+            assert not any(read(v).opp_waited for v in views)
+
+
+def _knock_choices(positions: list[TableView]) -> list[TableView]:
+    """Views where LUNA weighs a knock against waiting (her heaviest decisions)."""
+    return [
+        v
+        for v in positions
+        if any(isinstance(m, c.Knock) and m.deadwood for m in v.legal)
+        and not any(isinstance(m, c.Knock) and m.deadwood == 0 for m in v.legal)
+    ]
+
+
+def test_luna_decision_work_stops_growing_at_its_budget(positions: list[TableView]) -> None:
+    """Issue 35: a decision's meld searches are its time budget; once spent, its samples and
+    rollouts stop growing, and the same view and seed still make the same move."""
+    knocks = _knock_choices(positions)
+    assert knocks
+    small, free = luna.Style(budget=300), luna.Style(budget=1 << 40)
+    for i, view in enumerate(knocks[:12]):
+        tight = luna.think(view, random.Random(i), small)
+        move = luna.end_turn(view, tight)
+        full = luna.think(view, random.Random(i), free)
+        luna.end_turn(view, full)
+        assert move in view.legal
+        assert tight.outlook.effort.exhausted
+        assert len(tight.sampled) < len(full.sampled)
+        assert tight.outlook.effort.spent < full.outlook.effort.spent
+        again = luna.think(view, random.Random(i), small)
+        assert luna.end_turn(view, again) == move
+        assert again.outlook.effort.spent == tight.outlook.effort.spent

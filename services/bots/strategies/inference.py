@@ -20,8 +20,9 @@ import math
 import random
 
 from services.bots.strategies.knowledge import STOCK_AT_DEAL, Knowledge
+from services.bots.strategies.outlook import Effort
 from shared.engine.cards import POINTS, cards_of
-from shared.engine.melds import best_discard, deadwood_points
+from shared.engine.melds import best_discard, best_meld_masks, deadwood_points
 
 TOOK = (1.6, 1.25)  # the neighbours of a card it took: rank mates and next ranks, ranks 2 away
 DROPPED = (0.65, 0.85)  # the neighbours of a card it discarded
@@ -33,6 +34,8 @@ MELDED_HINT = 0.05  # the likelihood of a hand with which a card it declined or 
 OVERSAMPLE = 3  # hands drawn per hand kept, when hints reweight them
 TOOK_HINT = True  # weigh hands by whether the cards it took from the pile meld in them
 REGRET_SCALE = 2.0  # deadwood points a player's last discard gives away, about (0: ignored)
+MIN_SAMPLES = 24  # hands drawn whatever the decision's budget
+REGRET_SEARCHES = 8  # meld searches a hand's regret costs, about
 
 
 def _neighbours(card: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -136,14 +139,18 @@ def sample_hands(
     count: int,
     develop: float = DEVELOP,
     cap: int = DEVELOP_CAP,
+    eager: float = 1.0,
+    effort: Effort | None = None,
 ) -> list[int]:
     """``count`` plausible opponent hands (masks of all its cards, known ones included).
 
     A hand the opponent could have knocked with is redrawn (up to ``REDRAWS`` times) once the
-    opponent has ended a turn without knocking: most players knock when they can. When it has
-    declined or thrown cards, ``OVERSAMPLE`` times as many hands are drawn and ``count`` of
-    them kept by their ``hint_likelihood``.
+    opponent has ended a turn without knocking, with the chance ``eager`` that it is a player
+    who knocks as soon as it can. When it has declined or thrown cards, ``OVERSAMPLE`` times as
+    many hands are drawn and ``count`` of them kept by their ``hint_likelihood``. Once
+    ``effort`` is spent, drawing stops (at ``MIN_SAMPLES`` at least) and fewer hands come back.
     """
+    effort = Effort(1 << 62) if effort is None else effort
     pool = [card for card in range(52) if weights[card] > 0]
     hidden = max(0, min(k.opp_hidden, len(pool)))
     extra = min(round(develop * k.opp_stock_draws), cap, len(pool) - hidden)
@@ -151,21 +158,33 @@ def sample_hands(
     would_have_knocked = k.knock_limit if k.stock_count < STOCK_AT_DEAL - 1 else -1
     hinted = k.opp_passed | k.opp_discards | k.opp_known
     drawn = count * OVERSAMPLE if hinted and OVERSAMPLE > 1 else count
-    hands = []
+    hands: list[int] = []
     for _ in range(drawn):
-        for _ in range(REDRAWS + 1):
-            mask = _draw_hand(k, pool, inverse, hidden, extra, rng)
+        if effort.exhausted and len(hands) >= MIN_SAMPLES:
+            break
+        redraws = REDRAWS if eager >= 1.0 or rng.random() < eager else 0
+        for _ in range(redraws + 1):
+            mask = _draw_hand(k, pool, inverse, hidden, extra, rng, effort)
+            effort.spend()  # the knock check
             if deadwood_points(mask) > would_have_knocked:
                 break
         hands.append(mask)
     if drawn == count:
         return hands
+    effort.spend(REGRET_SEARCHES * len(hands))
     likelihoods = [hint_likelihood(k, hand, MELDED_HINT) for hand in hands]
-    return rng.choices(hands, weights=likelihoods, k=count)
+    kept = count if len(hands) == drawn else max(MIN_SAMPLES, len(hands) // OVERSAMPLE)
+    return rng.choices(hands, weights=likelihoods, k=kept)
 
 
 def _draw_hand(
-    k: Knowledge, pool: list[int], inverse: list[float], hidden: int, extra: int, rng: random.Random
+    k: Knowledge,
+    pool: list[int],
+    inverse: list[float],
+    hidden: int,
+    extra: int,
+    rng: random.Random,
+    effort: Effort,
 ) -> int:
     """One hand: the known cards, ``hidden + extra`` drawn by weight, the worst ``extra`` out."""
     # Efraimidis-Spirakis: the smallest keys -log(u) / w are a weighted draw without replacement.
@@ -173,7 +192,23 @@ def _draw_hand(
     mask = k.opp_known
     for _, card in keyed[: hidden + extra]:
         mask |= 1 << card
-    for _ in range(extra):
-        card, _dead = best_discard(mask, k.opp_known)
+    if extra:
+        mask = _keep_best(mask, extra, k.opp_known, effort)
+    return mask
+
+
+def _keep_best(mask: int, extra: int, known: int, effort: Effort) -> int:
+    """``mask`` less its ``extra`` worst cards: the highest loose cards of its best melds (one
+    meld search), then best discards while the loose cards run out (known cards stay)."""
+    effort.spend()
+    melded = 0
+    for meld in best_meld_masks(mask):
+        melded |= meld
+    loose = sorted(cards_of(mask & ~melded & ~known), key=POINTS.__getitem__, reverse=True)
+    for card in loose[:extra]:
+        mask &= ~(1 << card)
+    for _ in range(extra - min(extra, len(loose))):
+        effort.spend(mask.bit_count())
+        card, _dead = best_discard(mask, known)
         mask &= ~(1 << card)
     return mask

@@ -2,8 +2,10 @@
 
 Knocking now scores at once against each sampled hand (the opponent lays off, R7.1 to R7.6).
 Waiting is played out for a few rounds: the opponent, as a greedy player, takes the discard
-if it helps or draws, and knocks as soon as it can (which may let the seat undercut it); the
-seat draws the same way, goes gin at once, and knocks after 1, 2 .. rounds. Each is priced in
+if it helps or draws, and knocks as soon as it can (which may let the seat undercut it) when
+the seat believes it is such a player (``eager``; a sampled hand it could already knock with
+marks a patient one, which only goes gin); the seat draws the same way, goes gin at once, and
+knocks after 1, 2 .. rounds. Each is priced in
 the chance of winning the match (``matchplay``); the best wait is compared with knocking now.
 """
 
@@ -14,10 +16,11 @@ from dataclasses import dataclass
 
 from services.bots.strategies.knowledge import Knowledge
 from services.bots.strategies.matchplay import win_chance
-from services.bots.strategies.outlook import Outlook
+from services.bots.strategies.outlook import LAYOFF_SEARCH, Outlook
 from shared.engine.cards import cards_of
 from shared.engine.layoffs import best_layoffs
 
+MIN_ROLLOUTS = 16  # rollouts a wait is priced on, whatever the budget
 DEAD_HAND_AT = 2  # R8.1: a discard with 2 or fewer cards in the stock ends the hand
 
 
@@ -53,6 +56,7 @@ def knock_result(
     if knocker_dead == 0:
         points = stakes.gin + prices.dead(defender)
         return stakes.won(points) if me_first else stakes.lost(points)
+    prices.effort.spend(LAYOFF_SEARCH)
     defender_dead = best_layoffs(prices.melds(kept, held), cards_of(defender)).points
     if knocker_dead < defender_dead:
         points = defender_dead - knocker_dead
@@ -76,6 +80,7 @@ def waiting(
     opponents: list[int],
     rng: random.Random,
     rounds: int,
+    eager: float = 1.0,
 ) -> list[float]:
     """The mean match chance of discarding ``card`` now and knocking after 1, 2 .. ``rounds``
     more turns (gin at once), over the sampled opponent hands."""
@@ -83,13 +88,19 @@ def waiting(
         return [stakes.stays()] * rounds  # this discard ends the hand as a dead hand (R8.1)
     kept = k.hand & ~(1 << card)
     totals = [0.0] * rounds
+    played = 0
     for opp in opponents:
+        if played >= MIN_ROLLOUTS and prices.effort.exhausted:
+            break  # the decision's budget is spent: price the wait on the rollouts played
+        played += 1
         stock = cards_of(k.unseen & ~opp)
         drawn = [int(x) for x in rng.sample(stock, min(2 * rounds, len(stock)))]
-        rollout = Rollout(stakes, prices, k.knock_limit, k.stock_count, drawn)
+        knocks = prices.dead(opp) > k.knock_limit and (eager >= 1.0 or rng.random() < eager)
+        limit = k.knock_limit if knocks else 0
+        rollout = Rollout(stakes, prices, limit, k.stock_count, drawn)
         for i, value in enumerate(rollout.play(kept, card, opp, rounds)):
             totals[i] += value
-    return [total / len(opponents) for total in totals]
+    return [total / max(1, played) for total in totals]
 
 
 class Rollout:

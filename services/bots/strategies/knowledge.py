@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from shared.contracts import commands as c
 from shared.contracts.views import HandView, TableView
 from shared.engine.cards import BY_TEXT, FULL_DECK_MASK, TEXTS
+from shared.engine.limits import knock_limit
+from shared.engine.melds import deadwood_points
 
+DEALT = 20  # ten cards each, one at a time (R3.1); the upcard is the next one
 STOCK_AT_DEAL = 31  # 52 cards - 20 dealt - the upcard
 
 
@@ -52,6 +55,7 @@ class Knowledge:
     knock_limit: int
     scores: tuple[int, int]  # mine, the opponent's
     target: int
+    opp_waited: bool = False  # the last hand showed the opponent passing up a knock it had
 
     @property
     def top(self) -> int | None:
@@ -103,7 +107,34 @@ def read(view: TableView) -> Knowledge:
         knock_limit=hand.knock_limit,
         scores=_scores(view, seat),
         target=view.options.target,
+        opp_waited=passed_up_a_knock(view, seat),
     )
+
+
+def passed_up_a_knock(view: TableView, seat: int) -> bool:
+    """Whether the last hand's record shows the opponent holding, when the seat ended the hand
+    (or the stock ran out), ten cards it could have knocked with at its last discard.
+
+    A player who knocks as soon as it can never shows such a hand; a patient one, playing for
+    gin, often does. The record (R7.4) reveals both hands and the deck, so the hand's knock
+    limit is the one its upcard set (R6.0); a hand still as dealt proves nothing (the opponent
+    may not have discarded yet).
+    """
+    last = view.match.last_hand if view.match is not None else None
+    if last is None or len(last.deck) != 52:
+        return False
+    ender = last.winner if last.how in ("gin", "big_gin") else last.knocker
+    if ender is not None and ender != seat:
+        return False  # the opponent ended it
+    cards = next((s.cards for s in last.seats if s.seat == 1 - seat), None)
+    if cards is None:
+        return False
+    deck = [card_of(text) for text in last.deck]
+    held = mask_of_texts(cards)
+    for first in (0, 1):  # the cards it was dealt, as non-dealer or as dealer (R3.1)
+        if held == sum(1 << deck[i] for i in range(first, DEALT, 2)):
+            return False
+    return deadwood_points(held) <= knock_limit(view.options, deck[DEALT])
 
 
 def _scores(view: TableView, seat: int) -> tuple[int, int]:

@@ -10,6 +10,12 @@ chance the next draw helps, and what the card would give the opponent's sampled 
 possible knock is played out against sampled hands, now and after waiting up to a few rounds
 for gin, a lower knock or an undercut, in match-winning chances (``knocking``, ``matchplay``).
 Gin and big gin are never missed.
+
+Most players knock as soon as they can, so a hand it could have knocked with is unlikely; but
+when the last hand's record shows the opponent holding one it did not knock with (a patient
+gin hunter), LUNA stops assuming it (``Style.eager_seen_waiting``). Each decision has a time
+budget counted in meld searches (``Style.budget``): the same view and seed always make the
+same move, and once the budget is spent the samples and rollouts stop growing.
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ from services.bots.strategies.knowledge import (
     rematch,
 )
 from services.bots.strategies.matchplay import win_chance
-from services.bots.strategies.outlook import REACH, Outlook, knock_threat, stock_chances
+from services.bots.strategies.outlook import (
+    REACH,
+    Effort,
+    Outlook,
+    knock_threat,
+    stock_chances,
+)
 from shared.contracts import commands as c
 from shared.contracts.views import TableView
 from shared.engine.cards import POINTS
@@ -51,6 +63,11 @@ class Style:
     knock_samples: int = 96  # opponent hands sampled to price a knock
     knock_choices: int = 3  # knock discards priced (the lowest deadwood ones)
     wait_rounds: int = 3  # how many turns a knock may wait for a better one, gin or undercut
+    budget: int = 12_000  # meld searches a decision may make before its samples stop growing
+    eager: float = 1.0  # the belief that the opponent knocks as soon as it can ...
+    eager_seen_waiting: float = 0.0  # ... once its last hand showed it passing up a knock
+    develop: float = 1.0  # extra cards drawn and dropped per opponent stock draw ...
+    develop_cap: int = 3  # ... up to this many
 
 
 STYLE = Style()
@@ -69,11 +86,26 @@ class Mind:
     outlook: Outlook
     sampled: list[int] = field(default_factory=list)
 
+    @property
+    def eager(self) -> float:
+        """The belief that the opponent knocks as soon as it can, after its last hand."""
+        return self.style.eager_seen_waiting if self.k.opp_waited else self.style.eager
+
     def opponents(self, count: int) -> list[int]:
         """``count`` sampled opponent hands (the same ones for every question of a decision)."""
-        if len(self.sampled) < count:
+        spent = self.outlook.effort.exhausted and self.sampled
+        if len(self.sampled) < count and not spent:
             more = count - len(self.sampled)
-            self.sampled += sample_hands(self.k, self.weights, self.rng, more)
+            self.sampled += sample_hands(
+                self.k,
+                self.weights,
+                self.rng,
+                more,
+                self.style.develop,
+                self.style.develop_cap,
+                self.eager,
+                self.outlook.effort,
+            )
         return self.sampled[:count]
 
 
@@ -82,7 +114,8 @@ def think(view: TableView, rng: random.Random, style: Style) -> Mind:
     k = read(view)
     weights = opponent_weights(k)
     held = held_chances(k, weights)
-    return Mind(k, rng, style, weights, Outlook(stock_chances(k.unseen, held), style.potential))
+    outlook = Outlook(stock_chances(k.unseen, held), style.potential, Effort(style.budget))
+    return Mind(k, rng, style, weights, outlook)
 
 
 def decide(view: TableView, rng: random.Random) -> c.Command:
@@ -180,5 +213,5 @@ def end_turn(view: TableView, mind: Mind) -> c.Command:
     now, knock = max(priced, key=lambda x: x[0])
     wait_card = min((card for card, _, _ in options), key=lambda card: (costs[card], card))
     rounds = mind.style.wait_rounds
-    later = waiting(stakes, mind.outlook, k, wait_card, opponents, mind.rng, rounds)
+    later = waiting(stakes, mind.outlook, k, wait_card, opponents, mind.rng, rounds, mind.eager)
     return knock if now >= max(later) else discard(view, wait_card)

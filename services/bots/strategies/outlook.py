@@ -27,12 +27,39 @@ def _reach(card: int) -> int:
 REACH = tuple(_reach(card) for card in range(52))
 
 
+LAYOFF_SEARCH = 6  # meld searches a defender's best layoffs cost, about
+
+
+class Effort:
+    """The meld searches one decision may still make: its time budget counted in work, so the
+    same view and seed make the same decision however busy the machine is. Every search the
+    decision makes is counted; the parts that grow with the samples stop once it is spent."""
+
+    __slots__ = ("budget", "spent")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.spent = 0
+
+    def spend(self, searches: int = 1) -> None:
+        """Count ``searches`` meld searches."""
+        self.spent += searches
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the budget is spent."""
+        return self.spent >= self.budget
+
+
 class Outlook:
     """Hand values for one decision: stock chances and caches of the meld searches."""
 
-    def __init__(self, stock_chances: list[float], potential: float) -> None:
+    def __init__(
+        self, stock_chances: list[float], potential: float, effort: Effort | None = None
+    ) -> None:
         self.draws = [(card, p) for card, p in enumerate(stock_chances) if p > 0]
         self.potential = potential
+        self.effort = Effort(1 << 62) if effort is None else effort
         self._dead: dict[int, int] = {}
         self._drop: dict[int, int] = {}
         self._gain: dict[int, float] = {}
@@ -43,6 +70,7 @@ class Outlook:
         """The deadwood of a hand (cached)."""
         value = self._dead.get(mask)
         if value is None:
+            self.effort.spent += 1
             value = self._dead[mask] = deadwood_points(mask)
         return value
 
@@ -51,6 +79,7 @@ class Outlook:
         key = (kept, held)
         value = self._melds.get(key)
         if value is None:
+            self.effort.spent += 1
             value = self._melds[key] = [cards_of(m) for m in best_meld_masks(kept, held=held)]
         return value
 
@@ -74,6 +103,7 @@ class Outlook:
         for card in order:
             if whole - POINTS[card] >= best:
                 break  # removing a card saves at most its value, and values only fall
+            self.effort.spent += 1
             dead = deadwood_points(whole_mask & ~(1 << card))
             if dead < best:
                 best = dead
