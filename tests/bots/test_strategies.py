@@ -57,9 +57,15 @@ def seat_view(state: GameState, seat: int, version: int = 0) -> TableView:
 
 
 def play_match(
-    names: tuple[str, str], seed: int, options: TableOptions, views: list[TableView] | None = None
+    names: tuple[str, str],
+    seed: int,
+    options: TableOptions,
+    views: list[TableView] | None = None,
+    seat_only: int | None = None,
 ) -> tuple[GameState, list[AnyEvent], list[c.Command]]:
-    """A whole seeded match; every view of the seat to act is kept in ``views``."""
+    """A whole seeded match between two levels or module callables (``load``); every view of
+    the seat to act (of ``seat_only``, if given) is kept in ``views``."""
+    players = (load(names[0]), load(names[1]))
     deals = random.Random(seed)
     state, events = new_game(options, T0)
     commands: list[c.Command] = []
@@ -74,9 +80,9 @@ def play_match(
             seat = to_act(state)
             assert seat is not None
             view = seat_view(state, seat, version)
-            if views is not None:
+            if views is not None and seat_only in (None, seat):
                 views.append(view)
-            command = STRATEGIES[names[seat]](view, random.Random(f"{seed}:{version}"))
+            command = players[seat](view, random.Random(f"{seed}:{version}"))
             commands.append(command)
             state, new = apply(state, seat, command, T0)
         events += new
@@ -376,25 +382,9 @@ def test_the_gin_hunter_knocks_early_and_later_plays_for_gin(positions: list[Tab
 
 def _views_of(seat_name: str, opponent: str, seed: int, options: TableOptions) -> list[TableView]:
     """Every view ``seat_name`` decided on in a seeded match against ``opponent`` (seat 0)."""
-    players = (load(seat_name), load(opponent))
-    deals = random.Random(seed)
-    state, _ = new_game(options, T0)
-    mine: list[TableView] = []
-    version = 0
-    while state.status == "playing":
-        version += 1
-        if state.needs_deal:
-            deck = list(range(52))
-            deals.shuffle(deck)
-            state, _ = deal(state, deck, "salt", deals.randrange(2), T0)
-            continue
-        seat = to_act(state)
-        assert seat is not None
-        view = seat_view(state, seat, version)
-        if seat == 0:
-            mine.append(view)
-        state, _ = apply(state, seat, players[seat](view, random.Random(f"{seed}:{version}")), T0)
-    return mine
+    views: list[TableView] = []
+    play_match((seat_name, opponent), seed, options, views, seat_only=0)
+    return views
 
 
 HUNTER = "services.bots.strategies.hunter:decide"

@@ -22,7 +22,7 @@ import random
 from services.bots.strategies.knowledge import STOCK_AT_DEAL, Knowledge
 from services.bots.strategies.outlook import Effort
 from shared.engine.cards import POINTS, cards_of
-from shared.engine.melds import best_discard, best_meld_masks, deadwood_points
+from shared.engine.melds import best_discard, best_meld_masks, deadwood_points, discard_order
 
 TOOK = (1.6, 1.25)  # the neighbours of a card it took: rank mates and next ranks, ranks 2 away
 DROPPED = (0.65, 0.85)  # the neighbours of a card it discarded
@@ -198,13 +198,14 @@ def _draw_hand(
 
 
 def _keep_best(mask: int, extra: int, known: int, effort: Effort) -> int:
-    """``mask`` less its ``extra`` worst cards: the highest loose cards of its best melds (one
-    meld search), then best discards while the loose cards run out (known cards stay)."""
+    """``mask`` less its ``extra`` worst cards, as ``extra`` best discards would leave it: the
+    highest loose cards of its best melds (one meld search; dropping a loose card leaves those
+    melds best), then best discards while the loose cards run out (known cards stay)."""
     effort.spend()
     melded = 0
     for meld in best_meld_masks(mask):
         melded |= meld
-    loose = sorted(cards_of(mask & ~melded & ~known), key=POINTS.__getitem__, reverse=True)
+    loose = discard_order(cards_of(mask & ~melded & ~known))  # best_discard's order on ties
     for card in loose[:extra]:
         mask &= ~(1 << card)
     for _ in range(extra - min(extra, len(loose))):

@@ -63,7 +63,7 @@ class Style:
     knock_samples: int = 96  # opponent hands sampled to price a knock
     knock_choices: int = 3  # knock discards priced (the lowest deadwood ones)
     wait_rounds: int = 3  # how many turns a knock may wait for a better one, gin or undercut
-    budget: int = 12_000  # meld searches a decision may make before its samples stop growing
+    budget: int = 20_000  # meld searches a decision may make before its samples stop growing
     eager: float = 1.0  # the belief that the opponent knocks as soon as it can ...
     eager_seen_waiting: float = 0.0  # ... once its last hand showed it passing up a knock
     develop: float = 1.0  # extra cards drawn and dropped per opponent stock draw ...
