@@ -397,7 +397,7 @@ def test_luna_sees_a_patient_opponent_pass_up_a_knock_in_the_last_hand() -> None
     seen = 0
     for seed in (1, 2, 3):
         for view in _views_of("luna", HUNTER, seed, TableOptions()):
-            if not read(view).opp_waited:
+            if not knowledge.passed_up_a_knock(view, 0):
                 continue
             seen += 1
             last = view.match.last_hand if view.match else None
@@ -409,7 +409,7 @@ def test_luna_sees_a_patient_opponent_pass_up_a_knock_in_the_last_hand() -> None
     for name in (SIMPLE, "carmen"):
         for seed in (1, 2):
             views = _views_of("luna", name, seed, TableOptions())
-            assert not any(read(v).opp_waited for v in views)
+            assert not any(knowledge.passed_up_a_knock(v, 0) for v in views)
 
 
 def _knock_choices(positions: list[TableView]) -> list[TableView]:

@@ -18,8 +18,9 @@ import msgspec
 
 from shared.contracts.envelope import Envelope
 from shared.contracts.events import TurnReminder
-from shared.contracts.names import EVENTS_EXCHANGE, timer_key
+from shared.contracts.names import timer_key
 from shared.infra.settings import Settings
+from tests.chat.test_durability import publish as publish_events
 from tests.table.conftest import Api
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,15 +95,8 @@ class NotifierProcess:
 
 
 async def publish(settings: Settings, table_id: str, *bodies: bytes) -> None:
-    connection = await aio_pika.connect(settings.amqp_url)
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True)
-        exchange = await channel.get_exchange(settings.prefix + EVENTS_EXCHANGE)
-        for body in bodies:
-            await exchange.publish(
-                aio_pika.Message(body, content_type="application/json"),
-                routing_key=timer_key(table_id, "turn_reminder"),
-            )
+    """Publish reminders of a table as the timer service's relay would."""
+    await publish_events(settings, *bodies, routing_key=timer_key(table_id, "turn_reminder"))
 
 
 async def test_prints_each_reminder_once_in_portuguese(api: Api, settings: Settings) -> None:

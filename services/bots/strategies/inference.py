@@ -150,7 +150,7 @@ def sample_hands(
     many hands are drawn and ``count`` of them kept by their ``hint_likelihood``. Once
     ``effort`` is spent, drawing stops (at ``MIN_SAMPLES`` at least) and fewer hands come back.
     """
-    effort = Effort(1 << 62) if effort is None else effort
+    effort = Effort.unlimited() if effort is None else effort
     pool = [card for card in range(52) if weights[card] > 0]
     hidden = max(0, min(k.opp_hidden, len(pool)))
     extra = min(round(develop * k.opp_stock_draws), cap, len(pool) - hidden)

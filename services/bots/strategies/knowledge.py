@@ -55,7 +55,6 @@ class Knowledge:
     knock_limit: int
     scores: tuple[int, int]  # mine, the opponent's
     target: int
-    opp_waited: bool = False  # the last hand showed the opponent passing up a knock it had
 
     @property
     def top(self) -> int | None:
@@ -107,7 +106,6 @@ def read(view: TableView) -> Knowledge:
         knock_limit=hand.knock_limit,
         scores=_scores(view, seat),
         target=view.options.target,
-        opp_waited=passed_up_a_knock(view, seat),
     )
 
 

@@ -23,7 +23,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from services.bots.strategies.inference import held_chances, opponent_weights, sample_hands
+from services.bots.strategies.inference import (
+    DEVELOP,
+    DEVELOP_CAP,
+    held_chances,
+    opponent_weights,
+    sample_hands,
+)
 from services.bots.strategies.knocking import Stakes, knock_now, waiting
 from services.bots.strategies.knowledge import (
     Knowledge,
@@ -35,6 +41,7 @@ from services.bots.strategies.knowledge import (
     knocks,
     match_over,
     my_turn,
+    passed_up_a_knock,
     read,
     rematch,
 )
@@ -66,8 +73,8 @@ class Style:
     budget: int = 20_000  # meld searches a decision may make before its samples stop growing
     eager: float = 1.0  # the belief that the opponent knocks as soon as it can ...
     eager_seen_waiting: float = 0.0  # ... once its last hand showed it passing up a knock
-    develop: float = 1.0  # extra cards drawn and dropped per opponent stock draw ...
-    develop_cap: int = 3  # ... up to this many
+    develop: float = DEVELOP  # extra cards drawn and dropped per opponent stock draw ...
+    develop_cap: int = DEVELOP_CAP  # ... up to this many
 
 
 STYLE = Style()
@@ -84,12 +91,13 @@ class Mind:
     style: Style
     weights: list[float]
     outlook: Outlook
+    waited: bool = False  # the opponent's last hand showed it passing up a knock
     sampled: list[int] = field(default_factory=list)
 
     @property
     def eager(self) -> float:
         """The belief that the opponent knocks as soon as it can, after its last hand."""
-        return self.style.eager_seen_waiting if self.k.opp_waited else self.style.eager
+        return self.style.eager_seen_waiting if self.waited else self.style.eager
 
     def opponents(self, count: int) -> list[int]:
         """``count`` sampled opponent hands (the same ones for every question of a decision)."""
@@ -115,7 +123,7 @@ def think(view: TableView, rng: random.Random, style: Style) -> Mind:
     weights = opponent_weights(k)
     held = held_chances(k, weights)
     outlook = Outlook(stock_chances(k.unseen, held), style.potential, Effort(style.budget))
-    return Mind(k, rng, style, weights, outlook)
+    return Mind(k, rng, style, weights, outlook, passed_up_a_knock(view, k.seat))
 
 
 def decide(view: TableView, rng: random.Random) -> c.Command:

@@ -41,6 +41,11 @@ class Effort:
         self.budget = budget
         self.spent = 0
 
+    @classmethod
+    def unlimited(cls) -> Effort:
+        """An effort no decision spends (for callers without a budget)."""
+        return cls(1 << 62)
+
     def spend(self, searches: int = 1) -> None:
         """Count ``searches`` meld searches."""
         self.spent += searches
@@ -59,7 +64,7 @@ class Outlook:
     ) -> None:
         self.draws = [(card, p) for card, p in enumerate(stock_chances) if p > 0]
         self.potential = potential
-        self.effort = Effort(1 << 62) if effort is None else effort
+        self.effort = Effort.unlimited() if effort is None else effort
         self._dead: dict[int, int] = {}
         self._drop: dict[int, int] = {}
         self._gain: dict[int, float] = {}
