@@ -18,7 +18,6 @@ imported, so the tournament's worker processes see it::
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import sys
@@ -84,7 +83,7 @@ def think(view: TableView, rng: random.Random, style: luna.Style) -> luna.Mind:
     if style is not STYLE:
         return mind
     chosen = WAITED if mind.waited else style
-    return ProbeMind(mind.k, rng, chosen, mind.weights, mind.outlook, mind.waited)
+    return ProbeMind(**{**vars(mind), "style": chosen})
 
 
 def decide(view: TableView, rng: random.Random) -> c.Command:
@@ -111,7 +110,3 @@ _think = luna.think
 luna.think = think
 if PROBE.ceiling is not None:
     _watch_state()
-
-
-if __name__ == "__main__":
-    print(json.dumps({"style": dataclasses.asdict(STYLE), "waited": dataclasses.asdict(WAITED)}))

@@ -60,7 +60,7 @@ from shared.engine.cards import POINTS
 
 @dataclass(frozen=True, slots=True)
 class Style:
-    """LUNA's weights and effort; ``make`` builds a strategy from other ones (for tuning)."""
+    """LUNA's weights and effort (``bench/luna_probe.py`` plays her with other ones)."""
 
     potential: float = 1.5  # how much the next draw's expected saving counts against deadwood
     feed: float = 0.6  # how much what a discard gives the opponent counts against it
