@@ -3,9 +3,11 @@
 A probe is LUNA with some of her ``Style`` changed, always or only against an opponent whose
 last hand showed it passing up a knock (``Mind.waited``), and optionally a *ceiling*: LUNA
 given the opponent's real hand in place of her sampled ones, for the knock decision (``knock``),
-for the discard prices (``feed``: what a discard feeds and the knock threat) or for both
-(``all``). A ceiling reads the game state, which no view holds, so it measures how much of
-LUNA's strength a better opponent model could buy; it is never a bot.
+for the discard prices (``feed``: what a discard feeds and the knock threat; ``fed`` or
+``threat``: one of the two only) or for all of them (``all``). With ``share`` below 1, each
+sampled hand is the real one only with that chance: a sharper posterior, not an oracle. A
+ceiling reads the game state, which no view holds, so it measures how much of LUNA's strength
+a better opponent model could buy; it is never a bot.
 
 The probe is set by the ``LUNA_PROBE`` environment variable (JSON), read when this module is
 imported, so the tournament's worker processes see it::
@@ -30,7 +32,7 @@ from shared.contracts import commands as c
 from shared.contracts.views import TableView
 from shared.engine.state import GameState
 
-CEILINGS = ("knock", "feed", "all")
+CEILINGS = ("knock", "feed", "fed", "threat", "all")
 
 
 class Probe(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -39,6 +41,7 @@ class Probe(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     style: dict[str, Any] = {}
     waited: dict[str, Any] = {}
     ceiling: str | None = None
+    share: float = 1.0  # the chance that a hand the ceiling sees is the real one
 
 
 def styles(probe: Probe) -> tuple[luna.Style, luna.Style]:
@@ -49,6 +52,8 @@ def styles(probe: Probe) -> tuple[luna.Style, luna.Style]:
         raise ValueError(f"not fields of luna.Style: {', '.join(unknown)}")
     if probe.ceiling is not None and probe.ceiling not in CEILINGS:
         raise ValueError(f"ceiling must be one of {', '.join(CEILINGS)}")
+    if not 0.0 < probe.share <= 1.0:
+        raise ValueError("share must be above 0 and at most 1")
     base = dataclasses.replace(luna.STYLE, **probe.style)
     return base, dataclasses.replace(base, **probe.waited)
 
@@ -63,17 +68,36 @@ class ProbeMind(luna.Mind):
     """LUNA's mind with the probe's style against a patient opponent, and its ceiling."""
 
     def opponents(self, count: int) -> list[int]:
-        """The sampled hands, or the real one ``count`` times where the ceiling sees it."""
+        """The sampled hands, with the real one in their place where the ceiling sees it."""
         ceiling = PROBE.ceiling
         seen = ceiling == "all" or (
             (ceiling == "knock" and count == self.style.knock_samples)
-            or (ceiling == "feed" and count == self.style.feed_samples)
+            or (ceiling in ("feed", "fed", "threat") and count == self.style.feed_samples)
         )
-        hand = _game[-1].hand if seen and _game else None
+        return self.seen(count) if seen else super().opponents(count)
+
+    def seen(self, count: int) -> list[int]:
+        """``count`` hands, each the real one with the chance ``share`` (all of them at 1)."""
+        hand = _game[-1].hand if _game else None
         if hand is None:
             return super().opponents(count)
         seen_by_ceiling[0] += 1
-        return [hand.hands[1 - self.k.seat]] * count
+        real = hand.hands[1 - self.k.seat]
+        if PROBE.share >= 1.0:
+            return [real] * count
+        rng = random.Random(f"{self.k.hand}/{self.k.stock_count}/{count}")
+        return [real if rng.random() < PROBE.share else h for h in super().opponents(count)]
+
+
+def discard_costs(mind: luna.Mind, allowed: int) -> dict[int, float]:
+    """LUNA's discard prices, with the ceiling's hands for only the part it sees (``fed`` or
+    ``threat``); any other mind prices as LUNA always does."""
+    if not isinstance(mind, ProbeMind) or PROBE.ceiling not in ("fed", "threat"):
+        return _discard_costs(mind, allowed)
+    seen = mind.opponents(mind.style.feed_samples)
+    sampled = luna.Mind.opponents(mind, mind.style.feed_samples)
+    fed, threat = (seen, sampled) if PROBE.ceiling == "fed" else (sampled, seen)
+    return luna.price_discards(mind, allowed, fed, threat)
 
 
 def think(view: TableView, rng: random.Random, style: luna.Style) -> luna.Mind:
@@ -108,5 +132,7 @@ def _watch_state() -> None:
 
 _think = luna.think
 luna.think = think
+_discard_costs = luna.discard_costs
+luna.discard_costs = discard_costs
 if PROBE.ceiling is not None:
     _watch_state()

@@ -181,15 +181,21 @@ def stock_value(hand: int, outlook: Outlook) -> float:
 
 def discard_costs(mind: Mind, allowed: int) -> dict[int, float]:
     """The price of each allowed discard: the hand it leaves and what it feeds the opponent."""
-    k, outlook = mind.k, mind.outlook
     opponents = mind.opponents(mind.style.feed_samples)
-    guard = mind.style.defense * knock_threat(outlook, opponents, k.knock_limit)
+    return price_discards(mind, allowed, opponents, opponents)
+
+
+def price_discards(mind: Mind, allowed: int, fed: list[int], threat: list[int]) -> dict[int, float]:
+    """Discard prices against ``fed`` (what a discard gives) and ``threat`` (how close the
+    opponent is to knocking), two lists of opponent hands (the same ones, but for a probe)."""
+    k, outlook = mind.k, mind.outlook
+    guard = mind.style.defense * knock_threat(outlook, threat, k.knock_limit)
     costs = {}
     for card in range(52):
         if allowed >> card & 1:
             left = k.hand & ~(1 << card)
-            fed = outlook.feed(card, opponents)
-            costs[card] = outlook.value(left) + guard * outlook.dead(left) + mind.style.feed * fed
+            given = outlook.feed(card, fed)
+            costs[card] = outlook.value(left) + guard * outlook.dead(left) + mind.style.feed * given
     return costs
 
 
