@@ -60,7 +60,7 @@ def styles(probe: Probe) -> tuple[luna.Style, luna.Style]:
 
 PROBE = msgspec.json.decode(os.environ.get("LUNA_PROBE", "{}"), type=Probe)
 STYLE, WAITED = styles(PROBE)
-_game: list[GameState] = []  # the state of the decision being made (ceilings only)
+deciding: list[GameState] = []  # the state of the decision being made (ceilings only)
 seen_by_ceiling = [0]  # decisions whose opponent hands were the real one (for the tests)
 
 
@@ -78,7 +78,7 @@ class ProbeMind(luna.Mind):
 
     def seen(self, count: int) -> list[int]:
         """``count`` hands, each the real one with the chance ``share`` (all of them at 1)."""
-        hand = _game[-1].hand if _game else None
+        hand = deciding[-1].hand if deciding else None
         if hand is None:
             return super().opponents(count)
         seen_by_ceiling[0] += 1
@@ -115,14 +115,14 @@ def decide(view: TableView, rng: random.Random) -> c.Command:
     return luna.play(view, rng, STYLE)
 
 
-def _watch_state() -> None:
+def watch_state() -> None:
     """Let a ceiling see each decision's state: wrap the tournament's view builder (in the
     module and in ``__main__`` when the tournament runs as ``python -m``)."""
     from services.bots import tournament
     from shared.engine.view import seat_table_view as build
 
     def watched(state: GameState, seat: int, *args: Any, **kwargs: Any) -> TableView:
-        _game[:] = [state]
+        deciding[:] = [state]
         return build(state, seat, *args, **kwargs)
 
     for module in (tournament, sys.modules.get("__main__")):
@@ -135,4 +135,4 @@ luna.think = think
 _discard_costs = luna.discard_costs
 luna.discard_costs = discard_costs
 if PROBE.ceiling is not None:
-    _watch_state()
+    watch_state()

@@ -111,7 +111,7 @@ def test_a_split_ceiling_prices_only_its_part_with_the_real_hand(
     assert view.you is not None
     real = state.hand.hands[1 - view.you]
     monkeypatch.setattr(luna_probe, "PROBE", Probe(ceiling=part))
-    monkeypatch.setattr(luna_probe, "_game", [state])
+    monkeypatch.setattr(luna_probe, "deciding", [state])
     mind = luna_probe.think(view, random.Random(1), luna_probe.STYLE)
     assert isinstance(mind, luna_probe.ProbeMind)
     priced: list[tuple[list[int], list[int]]] = []
