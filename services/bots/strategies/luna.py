@@ -5,10 +5,12 @@ unseen cards by what the opponent took, threw and declined, and sampled opponent
 whole by the same evidence: a declined or thrown card rarely melds with the hand, a taken one
 does, and the last discard rarely gave much deadwood away (``inference``). Draws compare the
 hand's outlook after taking the pile top with its expected outlook after a stock draw
-(``outlook``). Discards weigh deadwood (more when the opponent looks close to knocking), the
-chance the next draw helps, and what the card would give the opponent's sampled hands. A
-possible knock is played out against sampled hands, now and after waiting up to a few rounds
-for gin, a lower knock or an undercut, in match-winning chances (``knocking``, ``matchplay``).
+(``outlook``). Discards weigh deadwood (more when the opponent looks close to knocking) and the
+chance the next draw helps. What a card would give the opponent's sampled hands has a weight
+(``Style.feed``) but counts for nothing: the samples say too poorly which cards feed, and
+avoiding them cost her own hand more than it saved (docs/bots.md). A possible knock is played
+out against sampled hands, now and after waiting up to a few rounds for gin, a lower knock or
+an undercut, in match-winning chances (``knocking``, ``matchplay``).
 Gin and big gin are never missed.
 
 Most players knock as soon as they can, so a hand it could have knocked with is unlikely; but
@@ -63,7 +65,7 @@ class Style:
     """LUNA's weights and effort (``bench/luna_probe.py`` plays her with other ones)."""
 
     potential: float = 1.5  # how much the next draw's expected saving counts against deadwood
-    feed: float = 0.6  # how much what a discard gives the opponent counts against it
+    feed: float = 0.0  # how much what a discard gives the opponent counts against it
     defense: float = 2.0  # extra weight of deadwood, times the chance the opponent can knock
     take_margin: float = 0.0  # how much better the pile top must be than the stock to take it
     feed_samples: int = 32  # opponent hands sampled to price discards
@@ -194,7 +196,7 @@ def price_discards(mind: Mind, allowed: int, fed: list[int], threat: list[int]) 
     for card in range(52):
         if allowed >> card & 1:
             left = k.hand & ~(1 << card)
-            given = outlook.feed(card, fed)
+            given = outlook.feed(card, fed) if mind.style.feed else 0.0
             costs[card] = outlook.value(left) + guard * outlook.dead(left) + mind.style.feed * given
     return costs
 
