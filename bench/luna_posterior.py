@@ -64,10 +64,10 @@ def record(opponent: str, pairs: int, seed: int) -> list[Decision]:
         return plain(view, mind)
 
     luna.end_turn = end_turn
+    specs = ("luna", strategy_spec(opponent))
     try:
         for pair in range(pairs):
             for a_seat in (0, 1):
-                specs = ("luna", strategy_spec(opponent))
                 tournament.play_match(specs, a_seat, seed, pair, TableOptions())
     finally:
         luna.end_turn = plain
@@ -112,28 +112,31 @@ def phase_of(stock: int) -> str:
 
 def score(decisions: Sequence[Decision], model: Model, samples: int) -> dict[str, object]:
     """The model's log loss overall and by stock left, beside the base rate and the shares."""
-    outcomes = [
-        melds_with(card, d.opponent) for d in decisions for card in cards_of(discardable(d.view))
-    ]
-    rate = sum(outcomes) / len(outcomes) if outcomes else 0.0
-    scores = {name: Score() for name in ("model", "base rate", *(f"share {s}" for s in SHARES))}
+    scores = {name: Score() for name in ("model", *(f"share {s}" for s in SHARES))}
     phases = {label: Score() for _, label in PHASES}
+    melded = 0
     for i, d in enumerate(decisions):
         mind = luna.think(d.view, random.Random(i), luna.STYLE)
         hands = model(mind, samples)
+        phase = phases[phase_of(mind.k.stock_count)]
         for card in cards_of(discardable(d.view)):
             melds = melds_with(card, d.opponent)
+            melded += melds
             p = sum(melds_with(card, hand) for hand in hands) / max(1, len(hands))
-            scores["model"].add(log_loss(p, melds))
-            phases[phase_of(mind.k.stock_count)].add(log_loss(p, melds))
-            scores["base rate"].add(log_loss(rate, melds))
+            loss = log_loss(p, melds)
+            scores["model"].add(loss)
+            phase.add(loss)
             for share in SHARES:
                 scores[f"share {share}"].add(log_loss((1 - share) * p + share * melds, melds))
+    cards = scores["model"].count
+    rate = melded / cards if cards else 0.0
+    base = Score(melded * log_loss(rate, True) + (cards - melded) * log_loss(rate, False), cards)
     return {
         "decisions": len(decisions),
-        "cards": len(outcomes),
+        "cards": cards,
         "meld_rate": round(rate, 4),
-        "log_loss": {name: s.mean for name, s in scores.items()},
+        "log_loss": {"model": scores["model"].mean, "base rate": base.mean}
+        | {name: s.mean for name, s in scores.items() if name != "model"},
         "model_by_stock": {label: s.mean for label, s in phases.items()},
     }
 
