@@ -38,6 +38,7 @@ import contextlib
 import gzip
 import hashlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -52,6 +53,7 @@ import obstore
 import structlog
 from obstore.store import S3Store
 
+from shared.contracts.api import TABLE_ID_PATTERN
 from shared.infra.db import Conn, create_pool
 from shared.infra.settings import Settings
 from shared.infra.web import Refused
@@ -512,6 +514,8 @@ async def _insert(conn: Conn, table: str, rows: Sequence[str]) -> None:
 
 # --- the command -------------------------------------------------------------------------------
 
+_TABLE_ID = re.compile(TABLE_ID_PATTERN)
+
 
 async def _restore_command(settings: Settings, table_id: str) -> int:
     store = store_of(settings.archive_url)
@@ -538,9 +542,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.table.archive")
     commands = parser.add_subparsers(dest="command", required=True)
     restoring = commands.add_parser("restore", help="serve an archived table again")
-    restoring.add_argument("table_id")
-    args = parser.parse_args(argv)
+    restoring.add_argument("table_id", help="the table's id, as in its address")
+    args = parser.parse_args(_id_not_an_option(sys.argv[1:] if argv is None else argv))
+    if _TABLE_ID.search(args.table_id) is None:
+        parser.error(f"{args.table_id!r} is not a table id (1 to 64 of A-Z a-z 0-9 _ -)")
     return asyncio.run(_restore_command(Settings.from_env(), args.table_id))
+
+
+def _id_not_an_option(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--`` before the table id: an id is URL-safe base64, so one in 64 begins
+    with ``-``, and argparse would take such an id for an option."""
+    args = list(argv)
+    separated = len(args) > 2 and args[1] == "--"
+    if (
+        len(args) >= 2
+        and args[0] == "restore"
+        and args[1] not in ("-h", "--help")
+        and not separated
+    ):
+        args.insert(1, "--")
+    return args
 
 
 if __name__ == "__main__":

@@ -235,6 +235,27 @@ async def test_the_restore_command_reads_the_settings(
     assert "is not archived" in again.stderr
 
 
+@pytest.mark.parametrize("table_id", ["-2VkDUM5Ko79", "--", "-h_x", "A"])
+def test_the_restore_command_takes_an_id_that_begins_with_a_dash(
+    table_id: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One id in 64 begins with "-"; it reaches the restore (here: no archive is configured).
+    monkeypatch.setenv("GIN_ARCHIVE_URL", "")
+    assert archive.main(["restore", table_id]) == 2
+    assert "GIN_ARCHIVE_URL is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("table_id", ["../tables", "a b", "x" * 65, "", "caf\u00e9"])
+def test_the_restore_command_refuses_what_is_not_a_table_id(
+    table_id: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GIN_ARCHIVE_URL", "file:///nowhere")
+    with pytest.raises(SystemExit) as exited:
+        archive.main(["restore", table_id])
+    assert exited.value.code == 2
+    assert "is not a table id" in capsys.readouterr().err
+
+
 class FailingStore(DirectoryStore):
     """A store whose writes fail (a bucket away, a disk full)."""
 
