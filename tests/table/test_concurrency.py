@@ -29,7 +29,7 @@ from shared.contracts.options import TableOptions
 from shared.engine import IllegalAction, Timing, apply, deal, new_game, view
 from shared.engine.state import GameState
 from shared.infra.auth import mint
-from shared.infra.settings import Settings
+from shared.infra.settings import Settings, env_name
 from tests.table.conftest import (
     Api,
     Clock,
@@ -358,6 +358,13 @@ async def two_services(settings: Settings, tmp_path: Path) -> AsyncIterator[list
                 "GIN_LOG_FORMAT": "console",
                 "GIN_LOG_LEVEL": "warning",
                 "GIN_SHUTDOWN_GRACE_S": "5",
+                # The run's limits (none to speak of), as the in-process services have them: four
+                # copies of each command, in a long match, pass the default 600 a minute.
+                **{
+                    env_name(name): str(getattr(settings, name))
+                    for name in Settings.__struct_fields__
+                    if name.startswith("rate_")
+                },
             }
             log = (tmp_path / f"table-{port}.log").open("wb")
             logs.append(log)
