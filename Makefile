@@ -29,6 +29,10 @@ lock: venv
 	$(BIN)/python scripts/lock.py lock $(if $(filter 1,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
 
 # The checks run first: CI (.ci/run) calls only `make test`, and a lint or type error fails it.
+# The tests run in two pytest-xdist workers, a file at a time (a file's servers and fixtures
+# stay in one worker); each worker is a run of its own, with its own database and broker prefix
+# (tests/conftest.py). PYTEST_ARGS replaces that: PYTEST_ARGS="-n 0" runs them in one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: check browser node promtool image-tools
 	node --test web/tests/
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -3,7 +3,8 @@
 The servers come from the settings (``GIN_DATABASE_URL``, ``GIN_AMQP_URL``); else from
 testcontainers when a Docker engine answers; else from ``scripts/servers.py`` (the standard
 local ports, or throwaway servers it installs and starts). Every run gets its own database
-and its own exchange and queue prefix, so runs never collide.
+and its own exchange and queue prefix, so runs never collide; under ``make test``'s two
+pytest-xdist workers each worker is a run of its own (its session fixtures are its own).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest
 
 from shared.infra import amqp
 from shared.infra.settings import Settings
+from tests.fuzz import tally
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = ROOT / ".run" / "servers"
@@ -193,3 +195,31 @@ def settings_of_their_own(settings: Settings, suffix: str, **changes: Any) -> It
         yield own
     finally:
         asyncio.run(cleanup())
+
+
+# --- the fuzz tests' tally, added up across the workers (tests/fuzz/tally.py) -------------------
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up the time of the fuzz tests, where the reports arrive."""
+    if report.nodeid.startswith("tests/fuzz/"):
+        tally.SPENT[0] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker: hand the fuzz counts to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["fuzz"] = tally.handed_over()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """In the xdist controller: add up a finished worker's fuzz counts."""
+    tally.add(getattr(node, "workeroutput", {}).get("fuzz", {}))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line: how many fuzz cases ran, of which kind, in how long."""
+    for line in tally.summary(bool(os.environ.get("GIN_FUZZ_VERBOSE"))):
+        terminalreporter.write_line(line)

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +23,6 @@ from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.conftest import settings_of_their_own
 from tests.e2e.processes import Service, output_to
-
-# How many requests and frames each part of the suite sent (printed at the end of the run).
-CASES: Counter[str] = Counter()
-# Statuses (or error codes) answered, by operation (``GIN_FUZZ_VERBOSE=1`` prints them).
-ANSWERS: defaultdict[str, Counter[str]] = defaultdict(Counter)
-# Seconds spent in the fuzz tests (setup and teardown included).
-SPENT: list[float] = [0.0]
 
 
 @dataclass
@@ -207,21 +198,3 @@ def assert_error_shape(status: int, body: bytes) -> None:
     assert error["code"], f"{status}: {doc!r}"
     assert isinstance(error["message"], str), f"{status}: {doc!r}"
     assert error["rule"] is None or isinstance(error["rule"], str), f"{status}: {doc!r}"
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Add up the time of the fuzz tests."""
-    if report.nodeid.startswith("tests/fuzz/"):
-        SPENT[0] += report.duration
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """One line: how many fuzz cases ran, of which kind, in how long."""
-    if not CASES:
-        return
-    parts = ", ".join(f"{n} {kind}" for kind, n in sorted(CASES.items()))
-    total = sum(CASES.values())
-    terminalreporter.write_line(f"fuzz: {total} cases in {SPENT[0]:.0f} s ({parts})")
-    if os.environ.get("GIN_FUZZ_VERBOSE"):
-        for operation, statuses in sorted(ANSWERS.items()):
-            terminalreporter.write_line(f"  {operation}: {dict(sorted(statuses.items()))}")

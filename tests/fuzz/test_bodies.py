@@ -22,7 +22,8 @@ import yaml
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from tests.fuzz.conftest import CASES, Services, World, assert_error_shape, examples
+from tests.fuzz.conftest import Services, World, assert_error_shape, examples
+from tests.fuzz.tally import CASES
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 BODIES = int(os.environ.get("GIN_FUZZ_BODIES", "60"))

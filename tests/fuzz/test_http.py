@@ -42,7 +42,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.fuzz.conftest import ANSWERS, CASES, Services, World, assert_error_shape
+from tests.fuzz.conftest import Services, World, assert_error_shape
+from tests.fuzz.tally import ANSWERS, CASES
 
 Case = schemathesis.Case[Any]
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"

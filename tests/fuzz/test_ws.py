@@ -31,14 +31,8 @@ from hypothesis import strategies as st
 from services.table.ws import CLOSE_MESSAGE_TOO_BIG
 from shared.contracts.commands import AnyCommand
 from shared.engine import CARDS
-from tests.fuzz.conftest import (
-    ANSWERS,
-    CASES,
-    Services,
-    World,
-    assert_error_shape,
-    examples,
-)
+from tests.fuzz.conftest import Services, World, assert_error_shape, examples
+from tests.fuzz.tally import ANSWERS, CASES
 
 FRAMES = int(os.environ.get("GIN_FUZZ_FRAMES", "300"))
 ANSWER_WITHIN_S = 2.0
