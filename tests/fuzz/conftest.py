@@ -198,3 +198,21 @@ def assert_error_shape(status: int, body: bytes) -> None:
     assert error["code"], f"{status}: {doc!r}"
     assert isinstance(error["message"], str), f"{status}: {doc!r}"
     assert error["rule"] is None or isinstance(error["rule"], str), f"{status}: {doc!r}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each of schemathesis's items (one per operation of the document) a node id of its
+    own. Its items carry the operation in their name only, and pytest 9 builds a function's
+    node id from its original name and its parameters, so all of them got the test function's
+    id; pytest-xdist, which hands items to its workers by node id, then ran only the first
+    operation's (and ``-k``/node-id selection could not tell them apart)."""
+    for item in items:
+        if not isinstance(item, pytest.Function) or item.parent is None:
+            continue
+        label = item.name[len(item.originalname) :]
+        if (
+            item.nodeid.startswith("tests/fuzz/")
+            and label.startswith("[")
+            and "[" not in item.nodeid
+        ):
+            item._id = item.parent.id.child(item.originalname).with_params(label[1:-1])

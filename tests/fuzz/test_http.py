@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -265,3 +267,20 @@ def test_every_answer_is_a_clear_one(case: Case, services: Services, world: Worl
         if before is not None:
             after = world.state(table_id)
             assert after == before, f"a refused {case.method} {case.path} changed the table"
+
+
+def test_each_operation_is_an_item_of_its_own() -> None:
+    # pytest-xdist hands items to its workers by node id: one id shared by every operation's
+    # item ran only the first operation (tests/fuzz/conftest.py gives each its own).
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", __file__],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert collected.returncode == 0, collected.stdout[-2000:]
+    name = test_every_answer_is_a_clear_one.__name__
+    ids = [line for line in collected.stdout.splitlines() if f"::{name}" in line]
+    assert len(ids) >= 15, collected.stdout[-2000:]
+    assert len(set(ids)) == len(ids), ids
+    assert all(item_id.endswith("]") and " /" in item_id for item_id in ids), ids
