@@ -39,6 +39,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -306,10 +307,19 @@ def export_lines(settings: Mapping[str, str]) -> str:
 
 
 def write_env_file(path: Path, text: str) -> None:
+    """Write the env file whole: through a temporary file of this call's own, since the test
+    workers (pytest-xdist) each run ``ensure`` and write the same file at about the same time."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as tmp:
+            tmp.write(text)
+        os.chmod(name, 0o644)
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
 
 
 # --------------------------------------------------------------------------------------------

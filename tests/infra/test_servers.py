@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlsplit
@@ -257,3 +258,25 @@ def test_stop_without_state_is_a_no_op(tmp_path: Path) -> None:
     result = servers("stop", "--state-dir", tmp_path / "absent", timeout=60)
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "absent").exists()
+
+
+def test_env_files_written_at_once_are_each_whole(tmp_path: Path) -> None:
+    # make test's two workers each run `ensure` and write the same env file at about the same
+    # time: no writer may fail, and a reader sees one writer's whole text, never a mix.
+    write_env_file = load_servers().write_env_file
+    path = tmp_path / "servers.env"
+    texts = [f"export GIN_DATABASE_URL='postgresql://w{i}'\n" * 200 for i in range(8)]
+    seen: set[str] = set()
+    with ThreadPoolExecutor(max_workers=len(texts) + 1) as pool:
+        writers = [
+            pool.submit(lambda t=t: [write_env_file(path, t) for _ in range(50)]) for t in texts
+        ]
+        while not all(w.done() for w in writers):
+            if path.exists():
+                seen.add(path.read_text())
+        for w in writers:
+            w.result()
+    seen.add(path.read_text())
+    assert seen <= set(texts), "a reader saw a mix of two writes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["servers.env"]
+    assert (path.stat().st_mode & 0o777) == 0o644
