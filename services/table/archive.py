@@ -38,7 +38,6 @@ import contextlib
 import gzip
 import hashlib
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,10 +52,9 @@ import obstore
 import structlog
 from obstore.store import S3Store
 
-from shared.contracts.api import TABLE_ID_PATTERN
 from shared.infra.db import Conn, create_pool
 from shared.infra.settings import Settings
-from shared.infra.web import Refused
+from shared.infra.web import TABLE_ID, Refused
 
 log = structlog.get_logger()
 
@@ -514,8 +512,6 @@ async def _insert(conn: Conn, table: str, rows: Sequence[str]) -> None:
 
 # --- the command -------------------------------------------------------------------------------
 
-_TABLE_ID = re.compile(TABLE_ID_PATTERN)
-
 
 async def _restore_command(settings: Settings, table_id: str) -> int:
     store = store_of(settings.archive_url)
@@ -544,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     restoring = commands.add_parser("restore", help="serve an archived table again")
     restoring.add_argument("table_id", help="the table's id, as in its address")
     args = parser.parse_args(_id_not_an_option(sys.argv[1:] if argv is None else argv))
-    if _TABLE_ID.search(args.table_id) is None:
+    if TABLE_ID.search(args.table_id) is None:
         parser.error(f"{args.table_id!r} is not a table id (1 to 64 of A-Z a-z 0-9 _ -)")
     return asyncio.run(_restore_command(Settings.from_env(), args.table_id))
 
@@ -553,13 +549,7 @@ def _id_not_an_option(argv: Sequence[str]) -> list[str]:
     """``argv`` with ``--`` before the table id: an id is URL-safe base64, so one in 64 begins
     with ``-``, and argparse would take such an id for an option."""
     args = list(argv)
-    separated = len(args) > 2 and args[1] == "--"
-    if (
-        len(args) >= 2
-        and args[0] == "restore"
-        and args[1] not in ("-h", "--help")
-        and not separated
-    ):
+    if len(args) == 2 and args[0] == "restore" and args[1] not in ("-h", "--help"):
         args.insert(1, "--")
     return args
 

@@ -139,6 +139,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         raw.update(overrides)
         return msgspec.convert(raw, cls, strict=False)
 
+    def to_env(self) -> dict[str, str]:
+        """The ``GIN_*`` variables that ``from_env`` reads back as these settings (for a
+        service started as a process with them)."""
+        env = {}
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            env[env_name(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+        return env
+
 
 def env_name(field: str) -> str:
     """The environment variable of a settings field."""

@@ -45,7 +45,7 @@ class BodyTooSlow(Exception):
     """A request's body did not arrive whole within the app's ``BODY_READ_S``."""
 
 
-_TABLE_ID = re.compile(TABLE_ID_PATTERN)
+TABLE_ID = re.compile(TABLE_ID_PATTERN)  # routes and the archive's restore command check ids
 
 
 class Refused(Exception):
@@ -71,7 +71,7 @@ class Refused(Exception):
 def table_id_of(request: web.Request) -> str:
     """The table id a route names, if it has the shape of one (else 400, before any query)."""
     table_id = request.match_info["id"]
-    if _TABLE_ID.search(table_id) is None:
+    if TABLE_ID.search(table_id) is None:
         raise Refused(
             400, "invalid_table_id", "a table id is 1 to 64 of the characters A-Z a-z 0-9 _ -"
         )

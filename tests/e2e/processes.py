@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-from shared.infra.settings import Settings, env_name
+from shared.infra.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -55,10 +55,7 @@ class Service:
         **extra: str,
     ) -> None:
         self.port = port or free_port()
-        env = dict(os.environ)
-        for field in Settings.__struct_fields__:
-            value = getattr(settings, field)
-            env[env_name(field)] = str(value).lower() if isinstance(value, bool) else str(value)
+        env = {**os.environ, **settings.to_env()}
         env.update({"GIN_HTTP_PORT": str(self.port), "GIN_LOG_LEVEL": "warning", **extra})
         self.output = None if log_to is None else log_to.open("wb")  # stdout and stderr
         self.proc = subprocess.Popen(

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.infra.files import FD_DIR, FileBudget, counted_by_size
-from shared.infra.settings import Settings, env_name
+from shared.infra.settings import Settings
 from tests.conftest import settings_of_their_own
 from tests.e2e.processes import ROOT, free_port
 
@@ -43,9 +43,7 @@ class LimitedService:
     ) -> None:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIN_")}
-        for field in Settings.__struct_fields__:
-            value = getattr(settings, field)
-            env[env_name(field)] = str(value).lower() if isinstance(value, bool) else str(value)
+        env.update(settings.to_env())
         env.update(
             GIN_HTTP_PORT=str(self.port), GIN_LOG_FORMAT="json", GIN_LOG_LEVEL="info", **extra
         )

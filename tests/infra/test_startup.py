@@ -84,6 +84,12 @@ def test_a_service_that_verifies_tokens_refuses_unsafe_settings(
     assert done.stdout == ""
 
 
+def test_settings_started_as_a_process_read_back_the_same(settings: Settings) -> None:
+    # tests start services as processes with the run's settings through the environment
+    assert Settings.from_env(settings.to_env()) == settings
+    assert Settings.from_env(Settings().to_env()) == Settings()
+
+
 def test_the_migrations_are_not_refused(settings: Settings) -> None:
     """The migrations Job is given no secret (least privilege): it must still run."""
     done = run("services.table", {"GIN_DATABASE_URL": settings.database_url}, "migrate")

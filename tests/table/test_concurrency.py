@@ -29,7 +29,7 @@ from shared.contracts.options import TableOptions
 from shared.engine import IllegalAction, Timing, apply, deal, new_game, view
 from shared.engine.state import GameState
 from shared.infra.auth import mint
-from shared.infra.settings import Settings, env_name
+from shared.infra.settings import Settings
 from tests.table.conftest import (
     Api,
     Clock,
@@ -345,26 +345,14 @@ async def two_services(settings: Settings, tmp_path: Path) -> AsyncIterator[list
     urls = []
     try:
         for port in free_ports(2):
+            # The run's settings, its limits included (none to speak of): four copies of each
+            # command, in a long match, pass the default 600 a minute.
             env = {
                 **os.environ,
-                "GIN_DATABASE_URL": settings.database_url,
-                "GIN_AMQP_URL": settings.amqp_url,
-                "GIN_PREFIX": settings.prefix,
-                "GIN_AUTH_SECRET": settings.auth_secret,
+                **settings.to_env(),
                 "GIN_HTTP_PORT": str(port),
                 "GIN_PUBLIC_URL": f"http://127.0.0.1:{port}",
-                "GIN_DEV_TOKENS": "1",
-                "GIN_RELAY_POLL_S": "0.2",
-                "GIN_LOG_FORMAT": "console",
-                "GIN_LOG_LEVEL": "warning",
                 "GIN_SHUTDOWN_GRACE_S": "5",
-                # The run's limits (none to speak of), as the in-process services have them: four
-                # copies of each command, in a long match, pass the default 600 a minute.
-                **{
-                    env_name(name): str(getattr(settings, name))
-                    for name in Settings.__struct_fields__
-                    if name.startswith("rate_")
-                },
             }
             log = (tmp_path / f"table-{port}.log").open("wb")
             logs.append(log)
