@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import signal
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -30,6 +26,7 @@ from shared.engine import IllegalAction, Timing, apply, deal, new_game, view
 from shared.engine.state import GameState
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
+from tests.e2e.processes import Service, all_ready
 from tests.table.conftest import (
     Api,
     Clock,
@@ -40,7 +37,6 @@ from tests.table.conftest import (
     serving,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 _command = msgspec.json.Decoder(c.AnyCommand)
 
 
@@ -331,69 +327,31 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def output_of(path: str) -> str:
-    """What a service process printed (its log), for a failure message."""
-    return Path(path).read_text(errors="replace")[-4000:]
-
-
 @pytest.fixture
 async def two_services(settings: Settings, tmp_path: Path) -> AsyncIterator[list[str]]:
-    """Two real ``python -m services.table`` processes on this run's database and broker;
-    stopped with SIGTERM (and waited for) at the end."""
-    procs: list[asyncio.subprocess.Process] = []
-    logs = []
-    urls = []
+    """Two real ``python -m services.table`` processes on this run's database and broker, with
+    the run's settings (its limits too: four copies of each command, in a long match, pass the
+    default 600 a minute); stopped with SIGTERM (and waited for) at the end."""
+    services: dict[str, Service] = {}
+    logs: dict[str, Path] = {}
     try:
         for port in free_ports(2):
-            # The run's settings, its limits included (none to speak of): four copies of each
-            # command, in a long match, pass the default 600 a minute.
-            env = {
-                **os.environ,
-                **settings.to_env(),
-                "GIN_HTTP_PORT": str(port),
-                "GIN_PUBLIC_URL": f"http://127.0.0.1:{port}",
-                "GIN_SHUTDOWN_GRACE_S": "5",
-            }
-            log = (tmp_path / f"table-{port}.log").open("wb")
-            logs.append(log)
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "services.table",
-                    cwd=ROOT,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
+            name = f"table-{port}"
+            logs[name] = tmp_path / f"{name}.log"
+            services[name] = Service(
+                "services.table",
+                settings,
+                port=port,
+                log_to=logs[name],
+                GIN_PUBLIC_URL=f"http://127.0.0.1:{port}",
+                GIN_SHUTDOWN_GRACE_S="5",
             )
-            urls.append(f"http://127.0.0.1:{port}")
-        async with aiohttp.ClientSession() as session:
-            deadline = asyncio.get_running_loop().time() + 30
-            for url, proc, log in zip(urls, procs, logs, strict=True):
-                while True:
-                    assert proc.returncode is None, output_of(log.name)
-                    with contextlib.suppress(aiohttp.ClientError):
-                        async with session.get(url + "/readyz") as r:
-                            if r.status == 200:
-                                break
-                    assert asyncio.get_running_loop().time() < deadline, "not ready in 30 s"
-                    await asyncio.sleep(0.1)
-        yield urls
+        await all_ready(services, logs, within_s=30)
+        yield [service.base for service in services.values()]
     finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        for log in logs:
-            log.close()
-    assert [proc.returncode for proc in procs] == [0, 0], "a service did not stop cleanly"
+        await asyncio.gather(*(asyncio.to_thread(s.stop) for s in services.values()))
+    codes = [service.proc.returncode for service in services.values()]
+    assert codes == [0, 0], "a service did not stop cleanly"
 
 
 class Remote:
