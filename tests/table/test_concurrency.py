@@ -330,8 +330,9 @@ def free_ports(n: int) -> list[int]:
 @pytest.fixture
 async def two_services(settings: Settings, tmp_path: Path) -> AsyncIterator[list[str]]:
     """Two real ``python -m services.table`` processes on this run's database and broker, with
-    the run's settings (its limits too: four copies of each command, in a long match, pass the
-    default 600 a minute); stopped with SIGTERM (and waited for) at the end."""
+    the run's settings, its rate limits included (raised out of the way: four copies of each
+    command, in a long match, would go past the default 600 a minute); stopped with SIGTERM
+    (and waited for) at the end."""
     services: dict[str, Service] = {}
     logs: dict[str, Path] = {}
     try:
