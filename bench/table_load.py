@@ -23,7 +23,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from shared.infra.auth import mint
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import servers  # noqa: E402
+from gin_servers.common import free_port  # noqa: E402
 
 SECRET = "bench-secret-long-enough-for-hs256-signing"
 MATCHES = int(os.environ.get("BENCH_MATCHES", "200"))
@@ -264,13 +264,6 @@ def emit(**fields: Any) -> None:
     """One result as one JSON line (fields named with a leading ``_`` are left out: the
     samples a later figure is made of)."""
     print(json.dumps({k: v for k, v in fields.items() if not k.startswith("_")}), flush=True)
-
-
-def free_port() -> int:
-    """A free local TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def raw_move_rate(

@@ -4,14 +4,17 @@ Debian's packages (installed with apt-get when a server's binaries are missing).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
+import random
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -59,30 +62,88 @@ def tcp_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def free_ports(count: int, preferred: Sequence[int | None] = ()) -> list[int]:
-    """Distinct ports on 127.0.0.1 that nothing listens on; a preferred one when still free."""
-    sockets: list[socket.socket] = []
-    ports: list[int] = []
+PORT_LOCKS = Path(tempfile.gettempdir()) / "gin-ports"
+"""One lock file a port: who holds its flock owns the port (any process, any checkout)."""
+PORT_FLOOR = 20000
+"""Ports are handed out from here up to the kernel's ephemeral range, which bind(0) and
+outgoing connections draw from; below the floor lie servers' usual ports (RabbitMQ's 15672)."""
+_held: dict[int, int] = {}
+
+
+def _ephemeral_low() -> int:
     try:
-        for index in range(count):
-            wanted = preferred[index] if index < len(preferred) else None
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            if wanted:
-                try:
-                    sock.bind((LOCALHOST, wanted))
-                except OSError:
-                    sock.close()
-                    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                    sockets.append(sock)
-                    sock.bind((LOCALHOST, 0))
-            else:
-                sock.bind((LOCALHOST, 0))
-            ports.append(int(sock.getsockname()[1]))
-    finally:
-        for sock in sockets:
-            sock.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOCALHOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _reserve(port: int) -> bool:
+    """Take ``port`` for this process until it exits: its lock file's flock, then a bind."""
+    if port in _held:
+        return False
+    try:
+        PORT_LOCKS.mkdir(mode=0o1777, exist_ok=True)
+        if PORT_LOCKS.stat().st_uid == os.geteuid():
+            PORT_LOCKS.chmod(0o1777)  # every user's runs share the reservations
+        fd = os.open(PORT_LOCKS / str(port), os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    if not _bindable(port):
+        os.close(fd)
+        return False
+    _held[port] = fd
+    return True
+
+
+def free_ports(count: int, preferred: Sequence[int | None] = ()) -> list[int]:
+    """Distinct ports on 127.0.0.1 that nothing listens on; a preferred one when still free.
+
+    A port from bind(0) is only free until someone else binds it: another test worker's bind(0)
+    can return it before our child listens, and a child that then fails to bind leaves the other
+    process answering on "our" port. So each port is reserved instead: outside the ephemeral
+    range, under a flock that this process holds until it exits, and checked with a bind.
+    """
+    low, high = PORT_FLOOR, min(_ephemeral_low(), 65536)
+    span = high - low
+    start = random.randrange(span) if span > 0 else 0
+    ports: list[int] = []
+    tried = 0
+    for index in range(count):
+        wanted = preferred[index] if index < len(preferred) else None
+        if wanted and (_bindable(wanted) if wanted in _held else _reserve(wanted)):
+            ports.append(wanted)  # a restarted server keeps its port, so its clients find it
+            continue
+        while True:
+            if tried >= span:
+                raise ServerError(
+                    f"no free port in {low}-{high - 1} (locks in {PORT_LOCKS}); "
+                    "stop leftover servers or remove stale lock files"
+                )
+            port = low + (start + tried) % span
+            tried += 1
+            if _reserve(port):
+                ports.append(port)
+                break
     return ports
+
+
+def free_port() -> int:
+    """One port of :func:`free_ports`."""
+    return free_ports(1)[0]
 
 
 def pid_alive(pid: int | None) -> bool:

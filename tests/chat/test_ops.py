@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shared.infra.settings import Settings, env_name
 from tests.chat.conftest import ChatApi, chat_table, person
+from tests.e2e.processes import free_port
 from tests.table.conftest import Api
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,12 +61,6 @@ async def test_metrics_count_messages_refusals_and_the_outbox(
     assert ("gin_chat_table_events_total", (("outcome", "applied"), ("type", "seat_taken"))) in (
         after
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_python_m_services_chat_serves_then_drains_on_sigterm(settings: Settings) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,9 +13,11 @@ from pathlib import Path
 
 import aiohttp
 
+from scripts.gin_servers.common import free_port, free_ports
 from shared.infra.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+__all__ = ["ROOT", "Service", "all_ready", "free_port", "free_ports", "output_to"]
 
 
 @contextlib.contextmanager
@@ -33,13 +34,6 @@ def output_to(path: Path) -> Iterator[None]:
             os.dup2(saved[1], 2)
             for fd in saved:
                 os.close(fd)
-
-
-def free_port() -> int:
-    """A free local TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Service:
@@ -76,8 +70,9 @@ class Service:
                     raise RuntimeError(f"the service exited with {self.proc.returncode}")
                 try:
                     async with session.get(f"{self.base}/readyz") as r:
-                        if r.status == 200:
-                            return
+                        ready = r.status == 200
+                    if ready and self.proc.poll() is None:
+                        return  # (a process that could not bind exits: the answer was not its)
                 except aiohttp.ClientError:
                     pass
                 await asyncio.sleep(0.1)

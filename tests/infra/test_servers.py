@@ -280,3 +280,57 @@ def test_env_files_written_at_once_are_each_whole(tmp_path: Path) -> None:
     assert seen <= set(texts), "a reader saw a mix of two writes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["servers.env"]
     assert (path.stat().st_mode & 0o777) == 0o644
+
+
+def hold_ports_in_another_process(count: int) -> tuple[subprocess.Popen[str], list[int]]:
+    """A second process that reserves ``count`` ports and keeps them until its stdin closes."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from gin_servers.common import free_ports;"
+        "print(*free_ports(int(sys.argv[2])), flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(REPO / "scripts"), str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    return holder, [int(p) for p in holder.stdout.readline().split()]
+
+
+def test_free_ports_are_outside_the_ephemeral_range_and_distinct() -> None:
+    from scripts.gin_servers import common
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = common.free_ports(5) + [common.free_port() for _ in range(5)]
+    assert len(set(ports)) == 10
+    assert all(common.PORT_FLOOR <= p < low for p in ports), ports
+    for port in ports:  # each still bindable: reserved, not listened on
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_port_another_process_reserved_is_never_handed_out() -> None:
+    from scripts.gin_servers import common
+
+    holder, held = hold_ports_in_another_process(3)
+    try:
+        assert len(held) == 3
+        assert common.free_ports(3, preferred=held)[0] not in held  # even when asked for
+        mine = common.free_ports(200)
+        assert not set(mine) & set(held)
+    finally:
+        holder.communicate(timeout=30)  # closes its stdin: it exits, and its locks go
+
+
+def test_a_port_in_use_is_skipped_and_a_free_preferred_one_is_kept() -> None:
+    from scripts.gin_servers import common
+
+    (wanted,) = common.free_ports(1)
+    # Asked again for a port this process holds: a restarted server keeps its port.
+    assert common.free_ports(1, preferred=[wanted]) == [wanted]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", wanted))
+        listener.listen()
+        assert common.free_ports(1, preferred=[wanted]) != [wanted]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from shared.infra.db import create_pool
 from shared.infra.settings import Settings
 from shared.infra.web import Refused
 from tests.conftest import settings_of_their_own
+from tests.e2e.processes import free_port
 from tests.table.conftest import Api, Clock, all_events, open_api, play_to_the_end
 
 AFTER_S = 3600.0  # the retention these tests archive with
@@ -373,12 +373,6 @@ def _read_object(endpoint: str, bucket: str, key: str) -> bytes:
     return bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server as a process of its own on a free port, stopped at the end."""
@@ -386,7 +380,7 @@ def s3_endpoint() -> Iterator[str]:
         import moto.server  # noqa: F401
     except ImportError as exc:  # pragma: no cover - moto is in the dev lock
         pytest.skip(f"moto[s3] and flask are not installed: {exc}")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

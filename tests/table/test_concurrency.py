@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import socket
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from shared.engine import IllegalAction, Timing, apply, deal, new_game, view
 from shared.engine.state import GameState
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
-from tests.e2e.processes import Service, all_ready
+from tests.e2e.processes import Service, all_ready, free_ports
 from tests.table.conftest import (
     Api,
     Clock,
@@ -314,17 +313,6 @@ async def test_r10_1_ten_people_join_at_once_one_sits(api: Api) -> None:
 
 
 # --- two service processes on one database ----------------------------------------------------
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from services.timers.app import create_app, migrate
 from services.timers.store import TIMER_DEADLINES
 from shared.contracts.names import COMMANDS_EXCHANGE
 from shared.infra.settings import Settings
+from tests.e2e.processes import free_port
 from tests.serving import ProductionServer
 from tests.table.conftest import Api
 
@@ -185,12 +185,6 @@ async def metrics_of(
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class TimerProcess:
