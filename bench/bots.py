@@ -2,7 +2,8 @@
 
 Each pairing is one ``services.bots.tournament`` run (mirrored pairs of matches to 100 points,
 each seat deciding from its own view only) and prints one JSON line: the first strategy's
-share of the matches with its 95% Wilson interval, the goals it is held to, and both
+share of the matches with its 95% interval (the pair as the unit: ``tournament.paired_interval``)
+and that interval's design effect, the goals it is held to, and both
 strategies' decision times in ms (p50, p99, mean, max), as wall-clock time and as the deciding
 thread's CPU time (one core's cost, whatever else the machine runs). ``BENCH_BOTS_MATCHES``
 (2000), ``BENCH_BOTS_SEED`` (7) and ``BENCH_BOTS_WORKERS`` (2) change the runs.
@@ -42,6 +43,7 @@ def main() -> None:
             "matches": result["matches"],
             "win_rate": result["a_win_rate"],
             "ci95": result["ci95"],
+            "design_effect": result["design_effect"],
             "goal": goal,
             "decision_goal_ms": {"p99": DECISION_GOAL_MS[0], "max": DECISION_GOAL_MS[1]},
             "points_per_hand": {

@@ -165,7 +165,40 @@ def wilson(wins: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval of a win rate (95% for z = 1.96)."""
     if n == 0:
         return (0.0, 1.0)
+    return _wilson_rate(wins / n, n, z)
+
+
+def paired_interval(results: Sequence[MatchResult], z: float = 1.96) -> tuple[float, float, float]:
+    """The 95% interval of the first strategy's win rate, mirrored pairs counted as pairs, and
+    its design effect.
+
+    The two matches of a pair share their decks, so they are not independent draws: a deck
+    sequence where skill tells gives the stronger side both, one where luck rules splits them.
+    The pair is the unit sampled. The win rate's variance is estimated over pairs (a ratio
+    estimator: a pair's wins less the rate times its matches), and its ratio to the binomial
+    variance of as many independent matches (the design effect) scales the Wilson interval's
+    count: ``wilson`` at ``matches / effect`` matches. An effect above 1 widens the interval;
+    one of 0 (every pair exactly at the rate, nothing to scale) leaves Wilson's as it is.
+    """
+    by_pair: dict[int, list[int]] = {}
+    for r in results:
+        by_pair.setdefault(r.pair, []).append(r.winner == "a")
+    n = len(results)
+    wins = sum(sum(pair) for pair in by_pair.values())
+    if n == 0:
+        return (0.0, 1.0, 1.0)
     p = wins / n
+    clusters = len(by_pair)
+    effect = 1.0
+    if clusters > 1 and 0 < p < 1:
+        spread = sum((sum(pair) - p * len(pair)) ** 2 for pair in by_pair.values())
+        variance = clusters / (clusters - 1) * spread / (n * n)
+        effect = variance / (p * (1 - p) / n)
+    low, high = wilson(wins, n, z) if effect <= 0 else _wilson_rate(p, n / effect, z)
+    return (low, high, effect)
+
+
+def _wilson_rate(p: float, n: float, z: float) -> tuple[float, float]:
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
@@ -193,7 +226,8 @@ def _timing_summary(seconds: list[float]) -> dict[str, float]:
 
 
 def summarize(specs: tuple[str, str], results: Sequence[MatchResult]) -> dict[str, Any]:
-    """The tournament's JSON result: wins with a 95% interval, hand statistics, timings."""
+    """The tournament's JSON result: wins with a 95% interval (``paired_interval``), hand
+    statistics, timings."""
     n = len(results)
     a_wins = sum(r.winner == "a" for r in results)
     hands = sum(r.hands for r in results)
@@ -202,7 +236,7 @@ def summarize(specs: tuple[str, str], results: Sequence[MatchResult]) -> dict[st
         return {x: sum(getattr(r, name)[x] for r in results) for x in LABELS}
 
     points = both("points")
-    low, high = wilson(a_wins, n)
+    low, high, effect = paired_interval(results)
     return {
         "a": specs[0],
         "b": specs[1],
@@ -210,7 +244,8 @@ def summarize(specs: tuple[str, str], results: Sequence[MatchResult]) -> dict[st
         "a_wins": a_wins,
         "b_wins": n - a_wins,
         "a_win_rate": round(a_wins / n, 4) if n else 0.0,
-        "ci95": [round(low, 4), round(high, 4)],
+        "ci95": [round(low, 4), round(high, 4)],  # mirrored pairs counted as pairs
+        "design_effect": round(effect, 3),  # its variance over that of independent matches
         "hands": hands,
         "points_per_hand": {x: round(points[x] / hands, 3) if hands else 0.0 for x in LABELS},
         "knocks": both("knocks"),

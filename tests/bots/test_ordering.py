@@ -1,7 +1,7 @@
 """The levels are ordered (R10.8, issue 18): LUNA beats CARMEN, CARMEN beats TITO.
 
 Short seeded mirrored tournaments, far from their thresholds: each asserts that the lower end
-of the 95% Wilson interval of the stronger level's share of the matches is above one half. The
+of the 95% interval of the stronger level's share of the matches is above one half. The
 strength figures themselves come from ``python -m bench bots`` (2,000 matches a pairing).
 """
 

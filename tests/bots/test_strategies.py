@@ -333,6 +333,46 @@ def test_wilson_interval() -> None:
     assert high == pytest.approx(0.6906, abs=1e-4)
 
 
+def pairs_of(*wins_in_pair: int) -> list[tournament.MatchResult]:
+    """Mirrored pairs with the given count of the first strategy's wins (0, 1 or 2) each."""
+    return [
+        tournament.MatchResult(pair=pair, winner="a" if match < wins else "b")
+        for pair, wins in enumerate(wins_in_pair)
+        for match in range(2)
+    ]
+
+
+def test_a_pairs_matches_that_go_together_widen_the_interval() -> None:
+    # 60 pairs won twice, 40 lost twice: by hand, the variance over pairs is 100/99 * 96 / 200^2
+    # against the binomial 0.24 / 200, an effect of 2.0202, so 200 matches count as 99.
+    low, high, effect = tournament.paired_interval(pairs_of(*[2] * 60, *[0] * 40))
+    assert effect == pytest.approx(2.0202, abs=1e-4)
+    # Wilson's interval of the rate 0.6 at 99 matches, by hand; at 200 it would be narrower.
+    assert low == pytest.approx(0.50151, abs=1e-5)
+    assert high == pytest.approx(0.69102, abs=1e-5)
+    independent = tournament.wilson(120, 200)
+    assert low < independent[0]
+    assert high > independent[1]
+
+
+def test_pairs_that_split_narrow_it_and_an_even_split_keeps_wilsons() -> None:
+    mostly_split = pairs_of(*[1] * 80, *[2] * 20)  # 120 wins of 200, fewer extremes than chance
+    low, high, effect = tournament.paired_interval(mostly_split)
+    assert effect < 1
+    assert high - low < tournament.wilson(120, 200)[1] - tournament.wilson(120, 200)[0]
+    every_pair_split = pairs_of(*[1] * 50)
+    low, high, effect = tournament.paired_interval(every_pair_split)
+    assert effect == 0
+    assert (low, high) == tournament.wilson(50, 100)
+
+
+def test_the_tournaments_interval_is_the_paired_one() -> None:
+    result = tournament.summarize(("a", "b"), pairs_of(*[2] * 30, *[0] * 10))
+    low, high, effect = tournament.paired_interval(pairs_of(*[2] * 30, *[0] * 10))
+    assert result["ci95"] == [round(low, 4), round(high, 4)]
+    assert result["design_effect"] == round(effect, 3) > 1
+
+
 def test_the_gin_hunter_only_returns_a_legal_move(positions: list[TableView]) -> None:
     """The second yardstick (issue 35) plays the views every level plays."""
     for i, view in enumerate(positions):
