@@ -118,6 +118,8 @@ def free_ports(count: int, preferred: Sequence[int | None] = ()) -> list[int]:
     range, under a flock that this process holds until it exits, and checked with a bind.
     """
     low, high = PORT_FLOOR, min(_ephemeral_low(), 65536)
+    if high - low < 1000:  # an ephemeral range moved down to the floor: share it, locked
+        high = 65536
     span = high - low
     start = random.randrange(span) if span > 0 else 0
     ports: list[int] = []
@@ -130,8 +132,9 @@ def free_ports(count: int, preferred: Sequence[int | None] = ()) -> list[int]:
         while True:
             if tried >= span:
                 raise ServerError(
-                    f"no free port in {low}-{high - 1} (locks in {PORT_LOCKS}); "
-                    "stop leftover servers or remove stale lock files"
+                    f"no free port in {low}-{high - 1}: each is listened on or reserved by a "
+                    f"running process (a flock on its file in {PORT_LOCKS}, a folder this user must "
+                    "be able to write); stop leftover servers and test runs"
                 )
             port = low + (start + tried) % span
             tried += 1
