@@ -133,8 +133,8 @@ def free_ports(count: int, preferred: Sequence[int | None] = ()) -> list[int]:
             if tried >= span:
                 raise ServerError(
                     f"no free port in {low}-{high - 1}: each is listened on or reserved by a "
-                    f"running process (a flock on its file in {PORT_LOCKS}, a folder this user must "
-                    "be able to write); stop leftover servers and test runs"
+                    f"running process (a flock on its file in {PORT_LOCKS}, a folder this user "
+                    "must be able to write); stop leftover servers and test runs"
                 )
             port = low + (start + tried) % span
             tried += 1
