@@ -17,7 +17,9 @@ Most players knock as soon as they can, so a hand it could have knocked with is 
 when the last hand's record shows the opponent holding one it did not knock with (a patient
 gin hunter), LUNA stops assuming it (``Style.eager_seen_waiting``). Each decision has a time
 budget counted in meld searches (``Style.budget``): the same view and seed always make the
-same move, and once the budget is spent the samples and rollouts stop growing.
+same move, and once the budget is spent the samples and rollouts stop growing. A search costs
+more on a slower or busier node, so the budget sits well below what the decision-time goal
+allows on the machines measured (docs/bots.md).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Style:
     knock_samples: int = 96  # opponent hands sampled to price a knock
     knock_choices: int = 3  # knock discards priced (the lowest deadwood ones)
     wait_rounds: int = 3  # how many turns a knock may wait for a better one, gin or undercut
-    budget: int = 20_000  # meld searches a decision may make before its samples stop growing
+    budget: int = 12_000  # meld searches a decision may make before its samples stop growing
     eager: float = 1.0  # the belief that the opponent knocks as soon as it can ...
     eager_seen_waiting: float = 0.0  # ... once its last hand showed it passing up a knock
     develop: float = DEVELOP  # extra cards drawn and dropped per opponent stock draw ...
