@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import pwd
 import random
@@ -70,6 +71,7 @@ outgoing connections draw from; below the floor lie servers' usual ports (Rabbit
 _held: dict[int, int] = {}
 
 
+@functools.cache
 def _ephemeral_low() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -86,15 +88,21 @@ def _bindable(port: int) -> bool:
     return True
 
 
+@functools.cache
+def _port_locks() -> Path:
+    """The lock folder, made once a process (a failure is not cached: the next port retries)."""
+    PORT_LOCKS.mkdir(mode=0o1777, exist_ok=True)
+    if PORT_LOCKS.stat().st_uid == os.geteuid():
+        PORT_LOCKS.chmod(0o1777)  # every user's runs share the reservations
+    return PORT_LOCKS
+
+
 def _reserve(port: int) -> bool:
     """Take ``port`` for this process until it exits: its lock file's flock, then a bind."""
     if port in _held:
         return False
     try:
-        PORT_LOCKS.mkdir(mode=0o1777, exist_ok=True)
-        if PORT_LOCKS.stat().st_uid == os.geteuid():
-            PORT_LOCKS.chmod(0o1777)  # every user's runs share the reservations
-        fd = os.open(PORT_LOCKS / str(port), os.O_RDONLY | os.O_CREAT, 0o644)
+        fd = os.open(_port_locks() / str(port), os.O_RDONLY | os.O_CREAT, 0o644)
     except OSError:
         return False
     try:

@@ -194,7 +194,7 @@ def paired_interval(results: Sequence[MatchResult], z: float = 1.96) -> tuple[fl
         spread = sum((sum(pair) - p * len(pair)) ** 2 for pair in by_pair.values())
         variance = clusters / (clusters - 1) * spread / (n * n)
         effect = variance / (p * (1 - p) / n)
-    low, high = wilson(wins, n, z) if effect <= 0 else _wilson_rate(p, n / effect, z)
+    low, high = _wilson_rate(p, n / effect if effect > 0 else n, z)
     return (low, high, effect)
 
 

@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from scripts.gin_servers import common
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "servers.py"
 
@@ -66,9 +68,8 @@ def parse_exports(text: str) -> dict[str, str]:
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on, reserved (a bind(0) port could be another worker's by now)."""
+    return common.free_port()
 
 
 def port_open(port: int) -> bool:
@@ -300,8 +301,6 @@ def hold_ports_in_another_process(count: int) -> tuple[subprocess.Popen[str], li
 
 
 def test_free_ports_are_outside_the_ephemeral_range_and_distinct() -> None:
-    from scripts.gin_servers import common
-
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = common.free_ports(5) + [common.free_port() for _ in range(5)]
     assert len(set(ports)) == 10
@@ -312,8 +311,6 @@ def test_free_ports_are_outside_the_ephemeral_range_and_distinct() -> None:
 
 
 def test_a_port_another_process_reserved_is_never_handed_out() -> None:
-    from scripts.gin_servers import common
-
     holder, held = hold_ports_in_another_process(3)
     try:
         assert len(held) == 3
@@ -325,8 +322,6 @@ def test_a_port_another_process_reserved_is_never_handed_out() -> None:
 
 
 def test_a_port_in_use_is_skipped_and_a_free_preferred_one_is_kept() -> None:
-    from scripts.gin_servers import common
-
     (wanted,) = common.free_ports(1)
     # Asked again for a port this process holds: a restarted server keeps its port.
     assert common.free_ports(1, preferred=[wanted]) == [wanted]
