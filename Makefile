@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEV_LOCK := requirements/dev.txt
-# The venv is the dev lock's set: installed again whenever the lock (or pyproject) changes.
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(DEV_LOCK) | cksum | cut -d' ' -f1)
+# The venv is the dev lock's set: installed again whenever the lock (or pyproject) changes, or
+# the checkout it serves does (the project's editable install points at one checkout, and a
+# git worktree sharing this venv re-points it: back here, it is pointed back).
+VENV_KEY := $(shell (cat pyproject.toml $(DEV_LOCK); echo '$(CURDIR)') | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(VENV_KEY)
 
 .PHONY: dev test check fmt bench chaos chaos-cluster venv lock clean servers servers-stop asyncapi openapi docs manifests \
 	browser node promtool image image-tools \
