@@ -107,14 +107,14 @@ servers-stop:
 # so, when the advisory data cannot be reached).
 check: venv
 	$(BIN)/python scripts/lock.py check
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m ruff format --check .
+	$(BIN)/python -m mypy
 	$(BIN)/python scripts/lock.py audit
 
 fmt: venv
-	$(BIN)/ruff check --fix .
-	$(BIN)/ruff format .
+	$(BIN)/python -m ruff check --fix .
+	$(BIN)/python -m ruff format .
 
 bench: venv
 	$(BIN)/python -m bench

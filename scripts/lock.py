@@ -369,11 +369,12 @@ SERVICES = ("pypi", "osv")
 
 def _pip_audit(path: Path, service: str, timeout_s: float) -> tuple[int, str]:
     """One pip-audit run on ``path`` against ``service``: its verdict."""
-    pip_audit = Path(sys.executable).parent / "pip-audit"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "audit.json"
         command = [
-            str(pip_audit),
+            sys.executable,  # as a module: a venv script's first line names the venv's old path
+            "-m",
+            "pip_audit",
             "--disable-pip",  # the lock is complete and hashed: nothing to resolve or install
             "--requirement",
             str(path),

@@ -183,9 +183,37 @@ def test_make_venv_installs_the_dev_lock() -> None:
     assert all("--no-deps" in line for line in pips[1:]), pips
     assert all("--upgrade" not in line and "[dev]" not in line for line in pips), pips
     makefile = (ROOT / "Makefile").read_text()
-    # The venv is installed again when the lock changes.
-    assert re.search(r"^STAMP := .*\$\(DEV_LOCK\)", makefile, re.MULTILINE)
     assert re.search(r"^\$\(STAMP\): .*\$\(DEV_LOCK\)", makefile, re.MULTILINE)
+
+
+def _venv_stamp(checkout: Path) -> str:
+    """The stamp ``make venv`` would look for in ``checkout``."""
+    done = subprocess.run(
+        ["make", "-s", "--eval", "stamp-name: ; @echo $(STAMP)", "stamp-name"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def test_make_venv_installs_again_for_another_lock_or_checkout(tmp_path: Path) -> None:
+    """The venv is installed again when the lock or pyproject changes, and when another
+    checkout uses it (its editable install points at one checkout)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for checkout in (first, second):
+        (checkout / "requirements").mkdir(parents=True)
+        for name in ("Makefile", "pyproject.toml", "requirements/dev.txt"):
+            shutil.copy(ROOT / name, checkout / name)
+    stamp = _venv_stamp(first)
+    assert stamp.startswith(".venv/.installed-"), stamp
+    assert _venv_stamp(first) == stamp  # the same files in the same place: installed once
+    assert _venv_stamp(second) != stamp  # another checkout
+    with (first / "requirements" / "dev.txt").open("a") as lock:
+        lock.write("# a change\n")
+    assert _venv_stamp(first) != stamp  # another lock
 
 
 def test_make_check_checks_and_audits_the_locks() -> None:
