@@ -367,8 +367,9 @@ def test_pairs_that_split_narrow_it_and_an_even_split_keeps_wilsons() -> None:
 
 
 def test_the_tournaments_interval_is_the_paired_one() -> None:
-    result = tournament.summarize(("a", "b"), pairs_of(*[2] * 30, *[0] * 10))
-    low, high, effect = tournament.paired_interval(pairs_of(*[2] * 30, *[0] * 10))
+    results = pairs_of(*[2] * 30, *[0] * 10)
+    result = tournament.summarize(("a", "b"), results)
+    low, high, effect = tournament.paired_interval(results)
     assert result["ci95"] == [round(low, 4), round(high, 4)]
     assert result["design_effect"] == round(effect, 3) > 1
 

@@ -67,11 +67,6 @@ def parse_exports(text: str) -> dict[str, str]:
     return settings
 
 
-def closed_port() -> int:
-    """A port nothing listens on, reserved (a bind(0) port could be another worker's by now)."""
-    return common.free_port()
-
-
 def port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -197,7 +192,7 @@ def test_throwaway_servers_start_answer_are_reused_and_stop(
 def test_ensure_fails_clearly_when_a_given_url_does_not_answer(
     tmp_path: Path, name: str, url_template: str
 ) -> None:
-    port = closed_port()
+    port = common.free_port()
     env_file = tmp_path / "servers.env"
     state = tmp_path / "state"
     env = clean_env(**{name: url_template.format(port=port)})
@@ -227,7 +222,7 @@ def test_stop_never_touches_a_process_it_did_not_start(tmp_path: Path) -> None:
                     "postgres": {
                         "root": str(state / "pg"),
                         "data_dir": str(state / "pg" / "data"),
-                        "port": closed_port(),
+                        "port": common.free_port(),
                         "url": "postgresql://postgres@127.0.0.1:1/postgres",
                         "os_user": None,
                         "pid": pid,
@@ -235,9 +230,9 @@ def test_stop_never_touches_a_process_it_did_not_start(tmp_path: Path) -> None:
                     "rabbitmq": {
                         "root": str(state / "rabbitmq"),
                         "nodename": "gin-x@localhost",
-                        "port": closed_port(),
-                        "dist_port": closed_port(),
-                        "epmd_port": closed_port(),
+                        "port": common.free_port(),
+                        "dist_port": common.free_port(),
+                        "epmd_port": common.free_port(),
                         "url": "amqp://guest:guest@127.0.0.1:1/",
                         "script_pid": pid,
                         "beam_pid": pid,
