@@ -6,6 +6,10 @@ own view and nothing more (R11.4). The command carries ``command_id`` and
 ``expected_version`` derived from the turn, so a redelivered, resent or stale turn makes no
 second move. A message that cannot be decided goes to the dead-letter queue; a broker that
 does not confirm the command holds the turn until it does.
+
+A decision is pure CPU work (LUNA's can take a few hundred milliseconds), so it runs on a
+thread of the worker's own, one turn at a time: the event loop stays free for the broker's
+heartbeats and confirms, the next turn's publish, and the health probes Kubernetes times.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 import aio_pika
@@ -66,6 +71,14 @@ def decide(strategy: Strategy, turn: BotTurn) -> c.Command:
     )
 
 
+def timed_decision(strategy: Strategy, turn: BotTurn) -> tuple[c.Command, float]:
+    """``decide``, with the seconds it took (measured on the deciding thread, so a turn
+    waiting for the one before it is not counted)."""
+    started = time.perf_counter()
+    command = decide(strategy, turn)
+    return command, time.perf_counter() - started
+
+
 def command_id_of(turn: BotTurn) -> str:
     """The id of the bot's command for this turn: the same however often the turn comes."""
     return f"bot:{turn.table_id}:{turn.version}:{turn.seat}"
@@ -93,6 +106,7 @@ class BotWorker:
         self.metrics = metrics
         self.channel: AbstractChannel | None = None
         self.commands: AbstractExchange | None = None
+        self.deciding: ThreadPoolExecutor | None = None
         self.runner = Consumer(
             "bot_turns",
             self.decode,
@@ -104,6 +118,7 @@ class BotWorker:
 
     async def start(self, connection: aio_pika.abc.AbstractRobustConnection, prefetch: int) -> None:
         """Consume every level's queue on one channel with publisher confirms."""
+        self.deciding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bot-decide")
         self.channel = await connection.channel(publisher_confirms=True)
         await self.channel.set_qos(prefetch_count=prefetch)
         # Declared by the table service: the bots' broker user may only write it.
@@ -119,6 +134,8 @@ class BotWorker:
     async def stop(self) -> None:
         """Take no more turns; let those in hand be sent (or go back to their queue)."""
         await self.runner.stop()
+        if self.deciding is not None:  # a decision cut off by the grace is not waited for
+            self.deciding.shutdown(wait=False, cancel_futures=True)
 
     def decode(self, body: bytes) -> BotTurn:
         """A turn of a level this worker plays (else it is undecodable here)."""
@@ -129,10 +146,14 @@ class BotWorker:
 
     async def on_turn(self, turn: BotTurn) -> None:
         """Decide one turn and send the command (the runner acknowledges the turn after)."""
+        assert self.deciding is not None
+        loop = asyncio.get_running_loop()
+        strategy = self.strategies[turn.level]
         try:
-            started = time.perf_counter()
-            command = decide(self.strategies[turn.level], turn)
-            self.metrics.seconds.labels(turn.level).observe(time.perf_counter() - started)
+            command, seconds = await loop.run_in_executor(
+                self.deciding, timed_decision, strategy, turn
+            )
+            self.metrics.seconds.labels(turn.level).observe(seconds)
         except NoDecision:  # nothing is the bot's to decide in that view (a stale turn)
             self.metrics.decisions.labels(turn.level, "none").inc()
             raise

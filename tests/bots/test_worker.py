@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +16,9 @@ from aiohttp.test_utils import TestClient
 from services.bots.app import create_app as create_worker
 from services.bots.strategies import STRATEGIES
 from shared.contracts.api import BotTurn
+from shared.contracts.commands import Command
 from shared.contracts.names import DEAD_LETTER, bot_queue
+from shared.contracts.views import TableView
 from shared.infra.settings import Settings
 from tests.moves import sobra_move
 from tests.serving import ProductionServer
@@ -183,3 +187,35 @@ async def test_a_person_who_sends_the_bots_next_command_id_does_not_freeze_it(
             continue  # the hand ended on this move: the bot has no turn to squat
         moved = await wait_for(api, table_id, token, persons_turn)
         assert moved["version"] > body["version"], "the bot did not move"
+
+
+async def test_a_decision_in_progress_leaves_the_worker_answering(
+    api: Api, settings: Settings
+) -> None:
+    """A decision is CPU work off the event loop: while one runs, the worker still answers its
+    health probes (here the decision waits until a probe has been answered)."""
+    await purge(settings)
+    started = threading.Event()
+    released = threading.Event()
+    waited: list[bool] = []
+
+    def slow(view: TableView, rng: random.Random) -> Command:
+        started.set()
+        # On the event loop this would wait out its timeout: no probe can be answered.
+        waited.append(released.wait(timeout=10))
+        return STRATEGIES[LEVEL](view, rng)
+
+    app = create_worker(settings, {LEVEL: slow})
+    async with TestClient(ProductionServer(app)) as worker:
+        table_id, token = await bot_table(api)
+        view = await api.view(table_id, token)
+        if view["hand"]["to_act"] == 0:  # the person passes, so the bot has a decision
+            status, _ = await api.command(table_id, token, type="pass_upcard")
+            assert status == 200
+        assert await asyncio.to_thread(started.wait, 20), "the bot never took its turn"
+        probe = await worker.get("/readyz")
+        assert probe.status == 200, await probe.text()
+        released.set()
+        moved = await wait_for(api, table_id, token, persons_turn)
+    assert waited[0], "the probe was answered only after the decision gave up waiting"
+    assert moved["version"] > view["version"]
