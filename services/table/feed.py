@@ -58,7 +58,8 @@ class Listener(Protocol):
         """A chat or timer event from ``gin.events``."""
 
     async def resync(self) -> None:
-        """The broker connection came back: consume again and catch up."""
+        """The feed's channel was reopened (after a reconnect, or alone): consume again and
+        catch up."""
 
 
 def watched_keys(table_id: str) -> tuple[str, ...]:
@@ -87,7 +88,7 @@ class Feed:
 
     async def start(self, connection: AbstractRobustConnection) -> None:
         """Open this replica's queue, bound to ``gin.sockets``, and consume."""
-        self.channel = await connection.channel()
+        self.channel = channel = await connection.channel()
         await self.channel.set_qos(prefetch_count=256)
         self.exchange = await self.channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
         # Named here, not by aio-pika (amq_...): gin.sockets.<32 hex digits>, this replica's,
@@ -97,14 +98,16 @@ class Feed:
         )
         await self.queue.bind(self.batches)
         await self.consume()
-        connection.reconnect_callbacks.add(self._on_reconnect)
+        # Reopened after a reconnect, and also alone (a channel error, a consumer cancelled
+        # by the broker): either way the queue is back but nothing consumes it.
+        channel.reopen_callbacks.add(self._on_reopen)
 
     async def consume(self) -> None:
         """Consume on the channel's aiormq channel, without acks: this queue dies with the
         replica, and a lost event is refilled from the log. (aio-pika's message object for each
         delivery cost more than the delivery itself.) aio-pika restores the queue and its
-        bindings after a reconnect, but not a consumer it did not make: the listener's
-        ``resync`` consumes again."""
+        bindings when it reopens the channel, but not a consumer it did not make: the
+        listener's ``resync`` consumes again."""
         assert self.channel is not None
         assert self.queue is not None
         channel = await self.channel.get_underlay_channel()
@@ -140,5 +143,5 @@ class Feed:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("ws_event_undecodable", error=str(exc))
 
-    def _on_reconnect(self, *_: object) -> None:
+    def _on_reopen(self, *_: object) -> None:
         asyncio.get_running_loop().create_task(self.listener.resync())

@@ -282,8 +282,8 @@ class Hub:
                     del self.coming[table_id]
 
     async def resync(self) -> None:
-        """After a broker reconnect: consume again, then send every client what it may have
-        missed."""
+        """After the feed's channel reopened (a reconnect, or the channel alone): consume
+        again, then send every client what it may have missed."""
         try:
             await self.feed.consume()
         except Exception as exc:  # the connection dropped again: the next reconnect retries

@@ -350,8 +350,7 @@ async def test_a_socket_opened_while_the_hubs_channel_is_away_is_served(
     try:
         assert (await ws_receive(ws))["kind"] == "snapshot"
         assert table_id in hub.unbound
-        await hub.channel.reopen()
-        await hub.resync()  # as after a reconnect: consume again
+        await hub.channel.reopen()  # as aio-pika does after a reconnect: the hub consumes again
         connection = await aio_pika.connect(settings.amqp_url)
         async with connection:
             channel = await connection.channel()
@@ -428,5 +427,41 @@ async def test_a_turn_reminder_reaches_the_tables_sockets_once(
             # the next frame is the chat message: the repeat and the unknown type sent nothing
             marker = await ws_receive(ws, within_s=10)
         assert marker["event"]["type"] == "message_posted", marker
+    finally:
+        await ws.close()
+
+
+async def test_a_hub_channel_closed_alone_is_reopened_and_consumed_again(
+    api: Api, settings: Settings
+) -> None:
+    """The broker closes the hub's channel and not the connection (here a channel error: a
+    passive declare of a missing queue). aio-pika reopens the channel and declares the queue
+    again, and the hub consumes it again: the table's chat still reaches its sockets."""
+    hub = api.client.server.app[HUB]
+    table_id, ana, _ = await api.table_for_two()
+    channel = hub.channel
+    assert channel is not None
+    ws = await api.client.ws_connect(ws_path(table_id, ana))
+    try:
+        assert (await ws_receive(ws))["kind"] == "snapshot"
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
+            await channel.declare_queue(f"no-such-queue-{uuid.uuid4().hex}", passive=True)
+        connection = await aio_pika.connect(settings.amqp_url)
+        async with connection:
+            sender = await connection.channel()
+            exchange = await sender.get_exchange(settings.prefix + EVENTS_EXCHANGE)
+            heard = None
+            for n in range(1, 101):  # until the hub consumes again
+                posted = MessagePosted(message_id=n, seat=1, name="Bia", text=f"oi {n}")
+                envelope = wrap(table_id, n, posted, datetime.now(UTC))
+                await exchange.publish(
+                    aio_pika.Message(msgspec.json.encode(envelope)), routing_key=chat_key(table_id)
+                )
+                with contextlib.suppress(TimeoutError):
+                    heard = await ws_receive(ws, within_s=0.1)
+                    break
+        assert heard is not None, "no chat message reached the socket after the channel closed"
+        assert heard["event"]["type"] == "message_posted"
+        assert not channel.is_closed
     finally:
         await ws.close()
