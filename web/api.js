@@ -103,14 +103,32 @@ export async function messagesAfter(table, after) {
   }
 }
 
+const CLOSE_TRY_AGAIN_LATER = 1013; // the replica is full: "reconnect in a few seconds"
 const CLOSE_TOKEN_EXPIRED = 4001;
+const CLOSE_ARCHIVED = 4410; // the table was archived: GET /v1/tables/{id} answers 410
 const BACKOFF_MS = [250, 500, 1000, 2000, 4000];
+const FULL_BACKOFF_MS = [3000, 6000, 12000, 24000, 30000];
+
+/**
+ * How long to wait before reconnection ``attempt`` (0, 1, ...) after a close with ``code``:
+ * doubling up to a cap, each wait drawn between half and all of it, so that the sockets of a
+ * replica that went away (1001) or is full (1013) do not all come back at the same instant.
+ * A full replica gets longer waits: the balancer's affinity may send the socket to it again.
+ * ``null``: do not reconnect (the table was archived).
+ */
+export function reconnectDelay(attempt, code, random = Math.random) {
+  if (code === CLOSE_ARCHIVED) return null;
+  const steps = code === CLOSE_TRY_AGAIN_LATER ? FULL_BACKOFF_MS : BACKOFF_MS;
+  const cap = steps[Math.min(attempt, steps.length - 1)];
+  return Math.round(cap * (0.5 + random() / 2));
+}
 
 /**
  * The table's WebSocket. ``onSnapshot(view)`` after every (re)connection (it is open then),
  * ``onMessage(frame)`` for events, results and errors, ``onState("reconnecting", code)``;
  * ``tokenExpired()`` gives a fresh token after a 4001 close. Whatever closes it (the server going away, 4008,
- * a network cut), it reconnects with backoff until ``stop()``.
+ * a network cut), it reconnects with backoff (``reconnectDelay``) until ``stop()``; after a
+ * 4410 (the table was archived) it stops, with ``onState("archived", code)``.
  */
 export class TableSocket {
   constructor(table, getToken, handlers) {
@@ -173,6 +191,12 @@ export class TableSocket {
     ws.onclose = async (ev) => {
       if (this.ws !== ws || this.stopped) return;
       this.ws = null;
+      const delay = reconnectDelay(this.attempt, ev.code);
+      if (delay === null) {
+        this.stopped = true;
+        this.handlers.onState("archived", ev.code);
+        return;
+      }
       this.handlers.onState("reconnecting", ev.code);
       if (ev.code === CLOSE_TOKEN_EXPIRED && this.handlers.tokenExpired) {
         try {
@@ -181,7 +205,6 @@ export class TableSocket {
           // the next attempt goes without a fresh token; the server says why
         }
       }
-      const delay = BACKOFF_MS[Math.min(this.attempt, BACKOFF_MS.length - 1)];
       this.attempt += 1;
       this.waiting = true;
       this.timer = setTimeout(() => {

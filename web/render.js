@@ -94,8 +94,10 @@ function renderTop(s) {
   conn.hidden = s.connection === null;
   setData(conn, "state", s.connection);
   conn.dataset.snapshots = String(s.snapshots);
-  conn.textContent = s.connection === "open" ? "conectado" : "reconectando…";
+  conn.textContent = CONNECTION_TEXT[s.connection] || "reconectando…";
 }
+
+const CONNECTION_TEXT = { open: "conectado", archived: "mesa arquivada" };
 
 function renderNotice(s) {
   // Shown at the top of the page, and inside a board when one covers the page.

@@ -32,7 +32,7 @@ export function initialState({ me = null, design = "classico" } = {}) {
     boards: [], // end-of-hand and match-end boards still to show, in order
     revealed: null, // the hand a match ended in the middle of (R9.3)
     log: [],
-    connection: null, // "open" | "reconnecting"
+    connection: null, // "open" | "reconnecting" | "archived" (the socket stopped)
     snapshots: 0, // one per (re)connection of the table socket
     inFlight: null, // the command sent and not yet answered: {command, expected}
     queued: null, // a command asked for while another was in flight: {command, from}
