@@ -336,6 +336,24 @@ async def test_a_watched_tables_snapshot_comes_from_memory_and_stays_current(
         await first.close()
 
 
+async def chat_until_heard(settings: Settings, table_id: str, ws: Any) -> dict[str, Any] | None:
+    """Post the table's chat as the chat service would, a message every 0.1 s, until the
+    socket hears one (its first frame), or None after 100."""
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        exchange = await channel.get_exchange(settings.prefix + EVENTS_EXCHANGE)
+        for n in range(1, 101):
+            posted = MessagePosted(message_id=n, seat=1, name="Bia", text=f"oi {n}")
+            envelope = wrap(table_id, n, posted, datetime.now(UTC))
+            await exchange.publish(
+                aio_pika.Message(msgspec.json.encode(envelope)), routing_key=chat_key(table_id)
+            )
+            with contextlib.suppress(TimeoutError):
+                return await ws_receive(ws, within_s=0.1)
+    return None
+
+
 async def test_a_socket_opened_while_the_hubs_channel_is_away_is_served(
     api: Api, settings: Settings
 ) -> None:
@@ -351,20 +369,7 @@ async def test_a_socket_opened_while_the_hubs_channel_is_away_is_served(
         assert (await ws_receive(ws))["kind"] == "snapshot"
         assert table_id in hub.unbound
         await hub.channel.reopen()  # as aio-pika does after a reconnect: the hub consumes again
-        connection = await aio_pika.connect(settings.amqp_url)
-        async with connection:
-            channel = await connection.channel()
-            exchange = await channel.get_exchange(settings.prefix + EVENTS_EXCHANGE)
-            heard = None
-            for n in range(1, 101):  # until the hub has bound the table's chat
-                posted = MessagePosted(message_id=n, seat=1, name="Bia", text=f"oi {n}")
-                envelope = wrap(table_id, n, posted, datetime.now(UTC))
-                await exchange.publish(
-                    aio_pika.Message(msgspec.json.encode(envelope)), routing_key=chat_key(table_id)
-                )
-                with contextlib.suppress(TimeoutError):
-                    heard = await ws_receive(ws, within_s=0.1)
-                    break
+        heard = await chat_until_heard(settings, table_id, ws)  # once the hub has bound it
         assert heard is not None
         assert heard["event"]["type"] == "message_posted"
         assert not hub.unbound
@@ -446,20 +451,7 @@ async def test_a_hub_channel_closed_alone_is_reopened_and_consumed_again(
         assert (await ws_receive(ws))["kind"] == "snapshot"
         with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
             await channel.declare_queue(f"no-such-queue-{uuid.uuid4().hex}", passive=True)
-        connection = await aio_pika.connect(settings.amqp_url)
-        async with connection:
-            sender = await connection.channel()
-            exchange = await sender.get_exchange(settings.prefix + EVENTS_EXCHANGE)
-            heard = None
-            for n in range(1, 101):  # until the hub consumes again
-                posted = MessagePosted(message_id=n, seat=1, name="Bia", text=f"oi {n}")
-                envelope = wrap(table_id, n, posted, datetime.now(UTC))
-                await exchange.publish(
-                    aio_pika.Message(msgspec.json.encode(envelope)), routing_key=chat_key(table_id)
-                )
-                with contextlib.suppress(TimeoutError):
-                    heard = await ws_receive(ws, within_s=0.1)
-                    break
+        heard = await chat_until_heard(settings, table_id, ws)  # once the hub consumes again
         assert heard is not None, "no chat message reached the socket after the channel closed"
         assert heard["event"]["type"] == "message_posted"
         assert not channel.is_closed
