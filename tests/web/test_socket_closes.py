@@ -16,10 +16,15 @@ from tests.web.conftest import Person, Stack
 from tests.web.play import Relay
 
 
-def close_as_the_server(relay: Relay, code: int, reason: str) -> None:
+def close_as_the_server(ana: Person, relay: Relay, code: int, reason: str) -> tuple[int, int]:
+    """Close the page's open socket with ``code``; how many sockets it had opened by then, and
+    how many snapshots it had shown."""
+    ana.page.locator("#conn[data-state=open]").wait_for()
+    opened, snapshots = len(relay.sockets), ana.shown("snapshots")
     page_side, server_side = relay.sockets[-1]
     page_side.close(code=code, reason=reason)
     server_side.close()
+    return opened, snapshots
 
 
 def reconnected(ana: Person, relay: Relay, opened: int, within_s: float) -> float | None:
@@ -37,9 +42,7 @@ def test_an_archived_tables_socket_is_not_reconnected(
     two: tuple[Person, str, str, Relay], stack: Stack
 ) -> None:
     ana, _, _, relay = two
-    ana.page.locator("#conn[data-state=open]").wait_for()
-    opened = len(relay.sockets)
-    close_as_the_server(relay, 4410, "the table was archived")
+    opened, _ = close_as_the_server(ana, relay, 4410, "the table was archived")
     ana.page.locator("#conn[data-state=archived]").wait_for()
     assert ana.page.locator("#conn").text_content() == "mesa arquivada"
     # Any other close is tried again within 250 ms (the first wait); this one never is.
@@ -52,10 +55,8 @@ def test_a_full_replicas_socket_is_tried_again_after_seconds(
     two: tuple[Person, str, str, Relay], stack: Stack
 ) -> None:
     ana, _, _, relay = two
-    ana.page.locator("#conn[data-state=open]").wait_for()
-    snapshots = ana.shown("snapshots")
-    opened = len(relay.sockets)
-    close_as_the_server(relay, 1013, "server full: reconnect in a few seconds")
+    closed = close_as_the_server(ana, relay, 1013, "server full: reconnect in a few seconds")
+    opened, snapshots = closed
     ana.page.locator("#conn[data-state=reconnecting]").wait_for()
     waited = reconnected(ana, relay, opened, within_s=10.0)
     assert waited is not None, "the page never tried again after 1013"
