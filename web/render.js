@@ -83,6 +83,8 @@ export function render(s) {
   renderBoard(s);
 }
 
+const CONNECTION_TEXT = { open: "conectado", archived: "mesa arquivada" };
+
 function renderTop(s) {
   const who = $("who");
   who.hidden = !s.me;
@@ -96,8 +98,6 @@ function renderTop(s) {
   conn.dataset.snapshots = String(s.snapshots);
   conn.textContent = CONNECTION_TEXT[s.connection] || "reconectando…";
 }
-
-const CONNECTION_TEXT = { open: "conectado", archived: "mesa arquivada" };
 
 function renderNotice(s) {
   // Shown at the top of the page, and inside a board when one covers the page.

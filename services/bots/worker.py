@@ -106,7 +106,8 @@ class BotWorker:
         self.metrics = metrics
         self.channel: AbstractChannel | None = None
         self.commands: AbstractExchange | None = None
-        self.deciding: ThreadPoolExecutor | None = None
+        # Its thread starts with the first decision and ends with ``stop``.
+        self.deciding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bot-decide")
         self.runner = Consumer(
             "bot_turns",
             self.decode,
@@ -118,7 +119,6 @@ class BotWorker:
 
     async def start(self, connection: aio_pika.abc.AbstractRobustConnection, prefetch: int) -> None:
         """Consume every level's queue on one channel with publisher confirms."""
-        self.deciding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bot-decide")
         self.channel = await connection.channel(publisher_confirms=True)
         await self.channel.set_qos(prefetch_count=prefetch)
         # Declared by the table service: the bots' broker user may only write it.
@@ -134,8 +134,7 @@ class BotWorker:
     async def stop(self) -> None:
         """Take no more turns; let those in hand be sent (or go back to their queue)."""
         await self.runner.stop()
-        if self.deciding is not None:  # a decision cut off by the grace is not waited for
-            self.deciding.shutdown(wait=False, cancel_futures=True)
+        self.deciding.shutdown(wait=False, cancel_futures=True)  # one cut off by the grace
 
     def decode(self, body: bytes) -> BotTurn:
         """A turn of a level this worker plays (else it is undecodable here)."""
@@ -146,7 +145,6 @@ class BotWorker:
 
     async def on_turn(self, turn: BotTurn) -> None:
         """Decide one turn and send the command (the runner acknowledges the turn after)."""
-        assert self.deciding is not None
         loop = asyncio.get_running_loop()
         strategy = self.strategies[turn.level]
         try:

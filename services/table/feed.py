@@ -20,9 +20,9 @@ from typing import Protocol
 import msgspec
 import structlog
 from aio_pika.abc import (
-    AbstractChannel,
     AbstractExchange,
     AbstractQueue,
+    AbstractRobustChannel,
     AbstractRobustConnection,
 )
 from aiormq.abc import DeliveredMessage
@@ -81,14 +81,14 @@ class Feed:
     def __init__(self, prefix: str, listener: Listener) -> None:
         self.prefix = prefix
         self.listener = listener
-        self.channel: AbstractChannel | None = None
+        self.channel: AbstractRobustChannel | None = None
         self.queue: AbstractQueue | None = None
         self.exchange: AbstractExchange | None = None
         self.batches = prefix + SOCKETS_EXCHANGE
 
     async def start(self, connection: AbstractRobustConnection) -> None:
         """Open this replica's queue, bound to ``gin.sockets``, and consume."""
-        self.channel = channel = await connection.channel()
+        self.channel = await connection.channel()
         await self.channel.set_qos(prefetch_count=256)
         self.exchange = await self.channel.get_exchange(self.prefix + EVENTS_EXCHANGE)
         # Named here, not by aio-pika (amq_...): gin.sockets.<32 hex digits>, this replica's,
@@ -100,7 +100,7 @@ class Feed:
         await self.consume()
         # Reopened after a reconnect, and also alone (a channel error, a consumer cancelled
         # by the broker): either way the queue is back but nothing consumes it.
-        channel.reopen_callbacks.add(self._on_reopen)
+        self.channel.reopen_callbacks.add(self._on_reopen)
 
     async def consume(self) -> None:
         """Consume on the channel's aiormq channel, without acks: this queue dies with the

@@ -286,7 +286,7 @@ class Hub:
         again, then send every client what it may have missed."""
         try:
             await self.feed.consume()
-        except Exception as exc:  # the connection dropped again: the next reconnect retries
+        except Exception as exc:  # the channel closed again: its next reopen retries
             log.warning("ws_consume_failed", error=repr(exc))
             return
         for table_id in list(self.clients):

@@ -151,8 +151,9 @@ def to_anas_discard(ana: Person, stack: Stack, table: str, bia: str) -> None:
 
 class Relay:
     """Stands between Ana's window and the table socket: ``drop()`` closes the socket under
-    the page (it reconnects by itself); with ``hold``, the next snapshot is kept in ``held``
-    instead of reaching the page, until the test sends it."""
+    the page (it reconnects by itself; given a ``code``, as the server would close it); with
+    ``hold``, the next snapshot is kept in ``held`` instead of reaching the page, until the
+    test sends it."""
 
     def __init__(self) -> None:
         self.hold = False
@@ -172,7 +173,7 @@ class Relay:
         server.on_message(from_server)
         self.sockets.append((ws, server))
 
-    def drop(self) -> None:
+    def drop(self, code: int = 1011, reason: str = "the network is down") -> None:
         page_side, server_side = self.sockets[-1]
-        page_side.close(code=1011, reason="the network is down")
+        page_side.close(code=code, reason=reason)
         server_side.close()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.web.conftest import Person, Stack
+from tests.web.conftest import Person
 from tests.web.play import Relay
 
 
@@ -21,9 +21,7 @@ def close_as_the_server(ana: Person, relay: Relay, code: int, reason: str) -> tu
     how many snapshots it had shown."""
     ana.page.locator("#conn[data-state=open]").wait_for()
     opened, snapshots = len(relay.sockets), ana.shown("snapshots")
-    page_side, server_side = relay.sockets[-1]
-    page_side.close(code=code, reason=reason)
-    server_side.close()
+    relay.drop(code, reason)
     return opened, snapshots
 
 
@@ -39,7 +37,7 @@ def reconnected(ana: Person, relay: Relay, opened: int, within_s: float) -> floa
 
 @pytest.mark.timeout(120)
 def test_an_archived_tables_socket_is_not_reconnected(
-    two: tuple[Person, str, str, Relay], stack: Stack
+    two: tuple[Person, str, str, Relay],
 ) -> None:
     ana, _, _, relay = two
     opened, _ = close_as_the_server(ana, relay, 4410, "the table was archived")
@@ -52,7 +50,7 @@ def test_an_archived_tables_socket_is_not_reconnected(
 
 @pytest.mark.timeout(120)
 def test_a_full_replicas_socket_is_tried_again_after_seconds(
-    two: tuple[Person, str, str, Relay], stack: Stack
+    two: tuple[Person, str, str, Relay],
 ) -> None:
     ana, _, _, relay = two
     closed = close_as_the_server(ana, relay, 1013, "server full: reconnect in a few seconds")
