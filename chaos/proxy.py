@@ -5,7 +5,8 @@ Three states. ``forward``: every connection is piped to the target. ``drop``: ev
 connection is reset (RST, not FIN: what a client sees when a middlebox or a node forgets it)
 and the proxy goes on to ``blackhole``: new connections are accepted and held, nothing is read
 or forwarded, as when packets vanish (the client's connect succeeds and its first read hangs).
-``forward`` again resets the held ones and pipes the next ones.
+``forward`` again resets the held ones and pipes the next ones. ``stop`` resets everything,
+even a connection whose pipe was still being opened.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class CutProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
+        if self.mode == "stopped":
+            reset(writer)
+            return
         if self.mode != "forward":
             self.held.add(writer)  # never read: the client waits for an answer that never comes
             return
@@ -72,6 +76,10 @@ class CutProxy:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         except OSError:
             reset(writer)  # the node is down: the client sees a refused connection at once
+            return
+        if self.mode == "stopped":  # stopped while connecting: nothing may stay open
+            reset(up_writer)
+            reset(writer)
             return
         if self.mode != "forward":  # cut while connecting
             reset(up_writer)
@@ -86,7 +94,9 @@ class CutProxy:
                 end.transport.abort()
 
     async def stop(self) -> None:
-        """Stop listening; reset everything open."""
+        """Stop listening; reset everything open, and whatever a handler still connecting
+        upstream opens next."""
+        self.mode = "stopped"
         if self.server is not None:
             self.server.close()
         self._reset_all(self.pipes)

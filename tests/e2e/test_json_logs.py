@@ -22,7 +22,7 @@ from shared.infra.amqp import node_urls
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.e2e.processes import Service
-from tests.infra.test_rate_limits import Proxy, through
+from tests.tcp_proxy import Proxy, through
 
 pytestmark = pytest.mark.slow
 NAMES = {"table": "services.table", "chat": "services.chat", "timers": "services.timers"}
@@ -107,8 +107,7 @@ async def test_every_line_every_service_writes_is_one_json_object(
         for service in services.values():
             service.stop()
         await admin.close()
-        if broker.server is not None:
-            await broker.cut()
+        await broker.cut()
 
     loggers: set[str] = set()
     tracebacks = 0

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -24,6 +24,7 @@ from shared.infra import db
 from shared.infra.outbox import SQL_DIR
 from shared.infra.ratelimit import Holds, Limit, RateLimited, RateLimiter
 from shared.infra.settings import Settings
+from tests.tcp_proxy import Proxy, through
 
 START = 1_800_000_000.0  # a window start for any window length used here
 
@@ -256,48 +257,6 @@ async def test_identities_postgresql_would_refuse_are_counted_as_digests(
     b.check("commands", "plain")  # and the others are still counted apart
 
 
-class Proxy:
-    """A TCP proxy to PostgreSQL that the test cuts (closing every connection and refusing
-    new ones) and restores on the same port: a database outage seen from the replica."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = 0
-        self.server: asyncio.Server | None = None
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def cut(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for writer in list(self.writers):
-            writer.transport.abort()
-        self.writers.clear()
-        await self.server.wait_closed()
-        self.server = None
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.transport.abort()
-            return
-        self.writers |= {writer, up_writer}
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, ConnectionError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.transport.abort()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        self.writers -= {writer, up_writer}
-
-
 @pytest.fixture
 async def proxy(settings: Settings) -> AsyncIterator[Proxy]:
     url = urlsplit(settings.database_url)
@@ -306,15 +265,7 @@ async def proxy(settings: Settings) -> AsyncIterator[Proxy]:
     try:
         yield proxy
     finally:
-        if proxy.server is not None:
-            await proxy.cut()
-
-
-def through(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    host = f"127.0.0.1:{port}"
-    return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+        await proxy.cut()
 
 
 async def eventually(condition: Callable[[], Any], timeout_s: float = 10.0) -> None:

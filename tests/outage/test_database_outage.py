@@ -31,8 +31,8 @@ from shared.infra import amqp
 from shared.infra.auth import mint
 from shared.infra.settings import Settings
 from tests.e2e.processes import Service
-from tests.infra.test_rate_limits import Proxy, through
 from tests.moves import sobra_move
+from tests.tcp_proxy import Proxy, through
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -312,8 +312,7 @@ async def test_a_service_started_during_an_outage_waits_for_it_and_starts(
         await chat.ready(within_s=30)
     finally:
         chat.stop()
-        if broker.server is not None:
-            await broker.cut()
+        await broker.cut()
         connection = await aio_pika.connect(settings.amqp_url)
         async with connection:
             channel = await connection.channel()
