@@ -155,10 +155,23 @@ export function applyView(s, view) {
   return next;
 }
 
+/** A chat message kept once, in seq order (a message read back may be older than the newest
+ * kept); ``lastChatSeq`` is the newest. */
 function addChat(s, envelope) {
-  if (envelope.seq <= s.lastChatSeq) return s;
-  const line = { seq: envelope.seq, name: envelope.data.name, text: envelope.data.text };
-  return { ...s, lastChatSeq: envelope.seq, chat: [...s.chat, line] };
+  const seq = envelope.seq;
+  if (s.chat.some((line) => line.seq === seq)) return s;
+  const line = { seq, name: envelope.data.name, text: envelope.data.text };
+  const chat = seq > s.lastChatSeq ? [...s.chat, line] : [...s.chat, line].sort((a, b) => a.seq - b.seq);
+  return { ...s, lastChatSeq: Math.max(s.lastChatSeq, seq), chat };
+}
+
+/** A chat message that came live (the socket, the answer to one's own). One past a gap says
+ * the page missed messages (its socket's replica did not hear them): those after the newest
+ * kept are read back, as a gap in the table's events is. */
+function liveChat(s, envelope) {
+  const next = addChat(s, envelope);
+  if (envelope.seq <= s.lastChatSeq + 1) return next;
+  return withEffect(next, { type: "chat_after", after: s.lastChatSeq });
 }
 
 const isTableEvent = (e) => e.type !== "message_posted" && e.type !== "absence_claimable" && (e.stream || "table") === "table";
@@ -198,7 +211,7 @@ function catchUp(s) {
 /** An event that came live (the socket, a command's answer), with the view after it (or none). */
 function liveEvent(s, envelope, view) {
   let next = applyView(s, view); // the names of a seat just taken come with the view
-  if (envelope.type === "message_posted") return addChat(next, envelope);
+  if (envelope.type === "message_posted") return liveChat(next, envelope);
   if (envelope.type === "absence_claimable") {
     const v = next.view;
     if (v && v.you !== null && envelope.data.seat !== v.you) {
@@ -342,7 +355,7 @@ export function reduce(state, frame) {
     case "messages_read":
       return frame.messages.reduce(addChat, s);
     case "message_posted":
-      return addChat(s, frame.envelope);
+      return liveChat(s, frame.envelope);
     case "answer": // seating a bot: events and the view after them
       return applyView(frame.events.reduce((acc, e) => liveEvent(acc, e, null), s), frame.view);
 

@@ -209,6 +209,30 @@ test("absence_claimable says so and reads the view again; chat messages are kept
   assert.equal(s.lastSeq, 10); // neither is a table event
 });
 
+const chat = (seq, text = `m${seq}`) => ({ type: "message_posted", stream: "chat", seq, data: { name: "Bia", text } });
+
+test("a chat message past a gap reads back those missed, and the chat stays in seq order", () => {
+  let s = reduce(atTable(), frame(chat(1)));
+  assert.deepEqual(types(s), []);
+  s = reduce(s, frame(chat(4)));
+  assert.deepEqual(s.effects.at(-1), { type: "chat_after", after: 1 });
+  assert.equal(s.lastChatSeq, 4);
+  s = reduce(s, { type: "messages_read", messages: [chat(2), chat(3), chat(4)] });
+  assert.deepEqual(s.chat.map((line) => line.seq), [1, 2, 3, 4]);
+  const mine = reduce(s, { type: "message_posted", envelope: chat(5) }); // one's own: no gap
+  assert.deepEqual(types(mine), types(s));
+  const past = reduce(s, { type: "message_posted", envelope: chat(7) }); // one's own, past one
+  assert.deepEqual(past.effects.at(-1), { type: "chat_after", after: 4 });
+});
+
+test("a snapshot again on an open socket reads back the chat after the newest kept", () => {
+  let s = reduce(atTable(), frame(chat(1)));
+  s = reduce(s, frame(chat(2)));
+  s = reduce(s, { type: "snapshot", view: view(10) });
+  assert.equal(s.snapshots, 2);
+  assert.deepEqual(s.effects.at(-1), { type: "chat_after", after: 2 });
+});
+
 test("a turn_reminder from the socket changes nothing: the page shows the turn already", () => {
   const s = atTable();
   const reminder = { type: "turn_reminder", stream: "timer", seq: 2, data: { seat: 0, reminder: "waiting" } };
