@@ -274,7 +274,10 @@ OPS: tuple[Op, ...] = (
         "on a WebSocket); a plain GET, not an upgrade, is refused with 400. The close codes "
         "are listed in `x-websocket.close-codes`: after 1001 or 4008 reconnect and catch up "
         "with `getEvents`; after 4001 reconnect with a fresh token; after 1013, sent at once "
-        "by a replica with no room for another socket, reconnect in a few seconds.",
+        "by a replica with no room for another socket, reconnect in a few seconds. A "
+        "`snapshot` may come again on an open socket (its replica may have missed chat or "
+        "notices): read the events and the messages past your newest ones, as after a "
+        "reconnect.",
         auth="optional",
         ok=(101, "Switching Protocols: the WebSocket is open.", None),
         errors=(400, 401, 404, 429, 503),
@@ -374,7 +377,8 @@ OPS: tuple[Op, ...] = (
         " or a seat taken). Any replica serves it. It takes no messages (each is answered with"
         " an `error`). Authenticate with `?token=` (or the header); admitted, limited (`sockets`)"
         " and closed as `tableSocket` is (its `x-websocket.close-codes`, but 4410); after a"
-        " reconnect, its first message is the list again.",
+        " reconnect, its first message is the list again. The list may also come again on an"
+        " open socket (its replica may have missed changes): it replaces the client's list.",
         auth="required",
         ok=(101, "Switching Protocols: the WebSocket is open.", None),
         errors=(400, 401, 429, 503),

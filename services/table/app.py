@@ -123,7 +123,7 @@ async def _broker(app: web.Application) -> AsyncIterator[None]:
     await hub.start(app[BROKER])
     app[HUB] = hub
     lobby = Lobby(app[POOL], app[LISTER], hub)
-    hub.heard, hub.others = lobby.heard, lobby.clients
+    hub.heard, hub.others, hub.reopened = lobby.heard, lobby.clients, lobby.resync
     lobby.start()
     app[LOBBY_KEY] = lobby
     consumer = CommandConsumer(app[COMMANDS], settings.prefix, ConsumerMetrics(app[REGISTRY]))

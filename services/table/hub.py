@@ -107,6 +107,8 @@ class Hub:
         # Told of every table event this replica hears (the player sockets, ``lobby.py``),
         # and the sockets it holds besides the tables' (closed with them at shutdown).
         self.heard: Callable[[str, str, msgspec.Raw], None] | None = None
+        # Told when the feed's channel reopened: nothing was heard while it was away.
+        self.reopened: Callable[[], None] | None = None
         self.others: Callable[[], list[Client]] = list
 
     @property
@@ -283,14 +285,26 @@ class Hub:
 
     async def resync(self) -> None:
         """After the feed's channel reopened (a reconnect, or the channel alone): consume
-        again, then send every client what it may have missed."""
+        again, then send every client what it may have missed: the table's events, and a
+        snapshot again for what only the client can read back (the chat and the timers'
+        notices posted while the queue was gone: the hub keeps no log of them)."""
         try:
             await self.feed.consume()
         except Exception as exc:  # the channel closed again: its next reopen retries
             log.warning("ws_consume_failed", error=repr(exc))
             return
+        if self.reopened is not None:
+            self.reopened()
         for table_id in list(self.clients):
+            if table_id not in self.unbound:  # an unbound one is told so once bound
+                self._missed(table_id)
             await self.catch_up_or_retry(table_id, [])
+
+    def _missed(self, table_id: str) -> None:
+        """The feed may have missed the table's chat and notices: each of its clients is
+        sent a snapshot again after the table's next whole catch-up."""
+        for client in self.clients.get(table_id, ()):
+            client.missed = True
 
     async def deliver_batch(self, body: bytes) -> None:
         """A relay batch of table events (a JSON array of envelopes, of any tables): send on
@@ -364,6 +378,9 @@ class Hub:
             self.unbound.discard(table_id)
             if table_id not in self.clients:  # its last watcher left meanwhile
                 await self._unbind(table_id)
+            else:  # its watchers heard none of the chat posted before: they read it back
+                self._missed(table_id)
+                self.behind.add(table_id)
         return done
 
     async def _catch_up_behind(self) -> bool:
@@ -439,6 +456,7 @@ class Hub:
         events = {e.seq: e for e in missed if e.seq <= upto}
         events.update((e.seq, e) for e in burst)
         self._send_events(table_id, row, events, {} if views is None else views)
+        self._send_snapshots(table_id, row)
 
     async def _read(
         self, table_id: str, row: TableRow | None, after: int | None
@@ -469,6 +487,16 @@ class Hub:
         for client, seq, frame in event_frames(self._ready(table_id), row, events, views, view_of):
             client.last_seq = seq
             self.send(client, frame)
+
+    def _send_snapshots(self, table_id: str, row: TableRow) -> None:
+        """Queue a snapshot again to each client that may have missed the table's chat or
+        notices, once it has every event of ``row`` (its snapshot is then no news to it but
+        what it reads back, as after a reconnect: DESIGN §7)."""
+        for client in self._ready(table_id):
+            if client.missed and client.last_seq == row.seq:
+                client.missed = False
+                seat = row.seat_of(client.identity.id if client.identity else None)
+                self.send(client, self.known.snapshot_frame(row, seat, client.deck_design))
 
 
 def has_gap(after: int, have: set[int]) -> bool:

@@ -73,6 +73,7 @@ class Lobby:
         self.tables_of: dict[str, set[str]] = {}  # player -> the table ids watched for them
         self.sent: dict[Client, dict[str, Turn]] = {}
         self.dirty: dict[str, set[str]] = {}  # table id -> the players to read it for
+        self.relist: set[Client] = set()  # sockets to send their first page again
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         # While a socket's first page is read, every table heard of: those of the player's
@@ -191,21 +192,47 @@ class Lobby:
             self.dirty.setdefault(table_id, set()).update(players)
             self.wake.set()
 
+    def resync(self) -> None:
+        """The feed's channel reopened: the table events nobody here heard meanwhile may
+        have changed any player's tables, or made new ones theirs. Each ready player socket
+        is sent its first page again (the client's whole list, as after a reconnect)."""
+        self.relist.update(c for c in self.clients() if c.ready)
+        if self.relist:
+            self.wake.set()
+
     async def _refresh(self) -> None:
-        """Read each changed table for its players here and send what changed; a failed read
-        is logged and its tables read again after a while."""
+        """Send the pages asked again, then read each changed table for its players here and
+        send what changed; a failed read is logged and read again after a while."""
         while True:
             await self.wake.wait()
             self.wake.clear()
+            relist, self.relist = self.relist, set()
             dirty, self.dirty = self.dirty, {}
             try:
+                while relist:  # each taken off once sent: a failure keeps the rest
+                    client = next(iter(relist))
+                    await self._page_again(client)
+                    relist.discard(client)
                 await self._read(dirty)
             except Exception as exc:
                 log.warning("lobby_read_failed", error=repr(exc))
+                self.relist |= relist
                 for table_id, players in dirty.items():
                     self.dirty.setdefault(table_id, set()).update(players)
                 await asyncio.sleep(1.0)
                 self.wake.set()
+
+    async def _page_again(self, client: Client) -> None:
+        """A player socket's first page again, unless it is gone; a player whose last socket
+        left during the read watches nothing."""
+        if client not in self.sent:
+            return
+        await self.first_page(client, self.hub.tables.now())
+        assert client.identity is not None
+        player = client.identity.id
+        if player not in self.players:
+            for table_id in list(self.tables_of.get(player, ())):
+                self._unwatch(table_id, player)
 
     async def _read(self, dirty: dict[str, set[str]]) -> None:
         async with self.pool.acquire() as conn:

@@ -19,6 +19,7 @@ import pytest
 from services.table import listing
 from services.table.erasure import ERASED_NAME
 from services.table.http import READ_LIMITS
+from services.table.hub import HUB
 from services.table.lobby import LOBBY_KEY
 from services.table.ws import CLOSE_TOKEN_EXPIRED, CLOSE_TRY_AGAIN_LATER, TRY_AGAIN_REASON
 from shared.infra.auth import mint
@@ -426,3 +427,33 @@ async def test_a_closed_player_socket_leaves_its_tables_unwatched(api: Api) -> N
         assert ana_id not in lobby.tables_of
         assert lobby.watching[table_id] == {bia_id}
         assert all(ana_id not in who for who in lobby.watching.values())
+
+
+async def test_the_player_socket_is_sent_its_list_again_after_the_feed_reopens(
+    api: Api, db: asyncpg.Connection
+) -> None:
+    """The events relayed while the hub's broker channel was away never reach this replica's
+    lobby: once the channel is back, each player socket is sent its first page again (a
+    ``tables`` frame, the client's whole list, as after a reconnect), current as of then."""
+    ana, bia = (api.token(name, f"{name}-{uuid.uuid4().hex}") for name in NAMES[:2])
+    table_id = await table_for(api, ana, bia)
+    await published(db, table_id)
+    rng = random.Random(8)
+    while await to_act(api, table_id) == 0:  # Bia's turn when Ana's socket opens
+        await move(api, table_id, ana, rng)
+    hub = api.client.server.app[HUB]
+    async with api.client.ws_connect(f"/v1/players/me/ws?token={ana}") as ws:
+        first = await ws_receive(ws)
+        assert first["kind"] == "tables"
+        assert not next(e for e in first["tables"] if e["table_id"] == table_id)["my_turn"]
+        assert hub.channel is not None
+        await hub.channel.close()
+        while await to_act(api, table_id) == 1:  # Bia moves: relayed while the queue is gone
+            await move(api, table_id, bia, rng)
+        await published(db, table_id)
+        await hub.channel.reopen()  # as aio-pika does after a reconnect
+        messages = await ws_until(ws, lambda ms: any(m["kind"] == "tables" for m in ms))
+        again = next(m for m in messages if m["kind"] == "tables")
+        entry = next(e for e in again["tables"] if e["table_id"] == table_id)
+        assert entry["my_turn"] is True
+        assert entry["to_act"] == 0

@@ -359,20 +359,30 @@ async def test_a_socket_opened_while_the_hubs_channel_is_away_is_served(
 ) -> None:
     """A socket's first watcher of a table comes while the hub's broker channel is closed (a
     broker node stopping): the bind fails, yet the socket gets its snapshot, not a 500, and
-    the table's chat once the channel is back (the hub binds it then)."""
+    the table's chat once the channel is back (the hub binds it then). Chat posted before
+    the bind never reached this replica: once bound, the socket is sent a snapshot again,
+    the client's cue to read the messages it missed (DESIGN §7)."""
     hub = api.client.server.app[HUB]
     table_id, ana, _ = await api.table_for_two()
     assert hub.channel is not None
     await hub.channel.close()
     ws = await api.client.ws_connect(ws_path(table_id, ana))
     try:
-        assert (await ws_receive(ws))["kind"] == "snapshot"
+        first = await ws_receive(ws)
+        assert first["kind"] == "snapshot"
         assert table_id in hub.unbound
         await hub.channel.reopen()  # as aio-pika does after a reconnect: the hub consumes again
-        heard = await chat_until_heard(settings, table_id, ws)  # once the hub has bound it
+        again = await ws_receive(ws)  # once the hub has bound the table
+        assert again["kind"] == "snapshot", again
+        assert not hub.unbound
+        assert again["view"]["version"] == first["view"]["version"]
+        assert again["view"]["you"] == 0  # the seat's own view, as the first
+        assert again["view"]["hand"]["my_cards"] == first["view"]["hand"]["my_cards"]
+        heard = await chat_until_heard(settings, table_id, ws)
         assert heard is not None
         assert heard["event"]["type"] == "message_posted"
-        assert not hub.unbound
+        with pytest.raises(TimeoutError):  # one snapshot again, not one per retry
+            await ws_receive(ws, within_s=0.5)
     finally:
         await ws.close()
 
@@ -441,17 +451,23 @@ async def test_a_hub_channel_closed_alone_is_reopened_and_consumed_again(
 ) -> None:
     """The broker closes the hub's channel and not the connection (here a channel error: a
     passive declare of a missing queue). aio-pika reopens the channel and declares the queue
-    again, and the hub consumes it again: the table's chat still reaches its sockets."""
+    again, and the hub consumes it again: the table's chat still reaches its sockets. What
+    was posted while the queue was gone is lost to the hub: each socket is sent a snapshot
+    again, the client's cue to read it back (DESIGN §7)."""
     hub = api.client.server.app[HUB]
     table_id, ana, _ = await api.table_for_two()
     channel = hub.channel
     assert channel is not None
     ws = await api.client.ws_connect(ws_path(table_id, ana))
     try:
-        assert (await ws_receive(ws))["kind"] == "snapshot"
+        first = await ws_receive(ws)
+        assert first["kind"] == "snapshot"
         with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
             await channel.declare_queue(f"no-such-queue-{uuid.uuid4().hex}", passive=True)
-        heard = await chat_until_heard(settings, table_id, ws)  # once the hub consumes again
+        again = await ws_receive(ws)  # once the hub consumes again
+        assert again["kind"] == "snapshot", again
+        assert again["view"]["version"] == first["view"]["version"]
+        heard = await chat_until_heard(settings, table_id, ws)
         assert heard is not None, "no chat message reached the socket after the channel closed"
         assert heard["event"]["type"] == "message_posted"
         assert not channel.is_closed
