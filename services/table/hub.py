@@ -103,6 +103,8 @@ class Hub:
         # Watched tables whose chat and timer keys are not bound: the broker's channel was
         # away when their first watcher came. Bound by the same task, and the socket served.
         self.unbound: set[str] = set()
+        # Watched tables with clients to send a snapshot again (``Client.missed``).
+        self.missed: set[str] = set()
         self.retrying: asyncio.Task[None] | None = None
         # Told of every table event this replica hears (the player sockets, ``lobby.py``),
         # and the sockets it holds besides the tables' (closed with them at shutdown).
@@ -189,6 +191,7 @@ class Hub:
             return False
         del self.clients[client.table_id]
         self.unbound.discard(client.table_id)
+        self.missed.discard(client.table_id)
         self.known.forget(client.table_id)
         return True
 
@@ -303,8 +306,11 @@ class Hub:
     def _missed(self, table_id: str) -> None:
         """The feed may have missed the table's chat and notices: each of its clients is
         sent a snapshot again after the table's next whole catch-up."""
-        for client in self.clients.get(table_id, ()):
+        watchers = self.clients.get(table_id, ())
+        for client in watchers:
             client.missed = True
+        if watchers:
+            self.missed.add(table_id)
 
     async def deliver_batch(self, body: bytes) -> None:
         """A relay batch of table events (a JSON array of envelopes, of any tables): send on
@@ -492,11 +498,17 @@ class Hub:
         """Queue a snapshot again to each client that may have missed the table's chat or
         notices, once it has every event of ``row`` (its snapshot is then no news to it but
         what it reads back, as after a reconnect: DESIGN §7)."""
+        if table_id not in self.missed:  # the common case: one set lookup a catch-up
+            return
+        left = False
         for client in self._ready(table_id):
             if client.missed and client.last_seq == row.seq:
                 client.missed = False
                 seat = row.seat_of(client.identity.id if client.identity else None)
                 self.send(client, self.known.snapshot_frame(row, seat, client.deck_design))
+            left = left or client.missed
+        if not left:  # a client not ready yet is cleared by its own first snapshot
+            self.missed.discard(table_id)
 
 
 def has_gap(after: int, have: set[int]) -> bool:
