@@ -39,6 +39,9 @@ _json = msgspec.json.Encoder()
 LOBBY = ""
 # The events that may seat someone at a table no player socket here watched yet.
 SEATING = frozenset({"table_created", "seat_taken"})
+# Pages sent again (``resync``) between two reads of the tables changed meanwhile: a replica's
+# thousands of player sockets do not hold up the live changes for the whole of their pages.
+RELIST_BATCH = 50
 # A table that changes turn or status: what a socket was last sent of it.
 Turn = tuple[TableStatus, int | None, datetime | None, tuple[str | None, ...]]
 
@@ -206,20 +209,21 @@ class Lobby:
         while True:
             await self.wake.wait()
             self.wake.clear()
-            relist, self.relist = self.relist, set()
+            relist = [self.relist.pop() for _ in range(min(RELIST_BATCH, len(self.relist)))]
             dirty, self.dirty = self.dirty, {}
             try:
                 while relist:  # each taken off once sent: a failure keeps the rest
-                    client = next(iter(relist))
-                    await self._page_again(client)
-                    relist.discard(client)
+                    await self._page_again(relist[-1])
+                    relist.pop()
                 await self._read(dirty)
             except Exception as exc:
                 log.warning("lobby_read_failed", error=repr(exc))
-                self.relist |= relist
+                self.relist.update(relist)
                 for table_id, players in dirty.items():
                     self.dirty.setdefault(table_id, set()).update(players)
                 await asyncio.sleep(1.0)
+                self.wake.set()
+            if self.relist:  # the next batch, after the changes read meanwhile
                 self.wake.set()
 
     async def _page_again(self, client: Client) -> None:

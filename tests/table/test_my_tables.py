@@ -20,7 +20,7 @@ from services.table import listing
 from services.table.erasure import ERASED_NAME
 from services.table.http import READ_LIMITS
 from services.table.hub import HUB
-from services.table.lobby import LOBBY_KEY
+from services.table.lobby import LOBBY_KEY, RELIST_BATCH
 from services.table.ws import CLOSE_TOKEN_EXPIRED, CLOSE_TRY_AGAIN_LATER, TRY_AGAIN_REASON
 from shared.infra.auth import mint
 from shared.infra.ratelimit import RateLimiter
@@ -457,3 +457,25 @@ async def test_the_player_socket_is_sent_its_list_again_after_the_feed_reopens(
         entry = next(e for e in again["tables"] if e["table_id"] == table_id)
         assert entry["my_turn"] is True
         assert entry["to_act"] == 0
+
+
+async def test_every_player_socket_gets_its_list_again_batch_after_batch(api: Api) -> None:
+    """More player sockets than a batch of pages sent again: each gets its list once."""
+    hub = api.client.server.app[HUB]
+    sockets = []
+    try:
+        for n in range(RELIST_BATCH + 5):
+            token = api.token(f"P{n}", f"relist-{n}-{uuid.uuid4().hex}")
+            ws = await api.client.ws_connect(f"/v1/players/me/ws?token={token}")
+            sockets.append(ws)
+            assert (await ws_receive(ws))["kind"] == "tables"
+        assert hub.channel is not None
+        await hub.channel.close()
+        await hub.channel.reopen()
+        for ws in sockets:
+            assert (await ws_receive(ws))["kind"] == "tables"
+        for ws in (sockets[0], sockets[-1]):  # once: of the first batch and of the last
+            await ws_silent(ws, 0.5)
+    finally:
+        for ws in sockets:
+            await ws.close()
