@@ -16,6 +16,7 @@ from services.chat.consumer import TableEventConsumer
 from services.chat.dev_cors import allow_dev_page
 from services.chat.http import CHAT, METRICS, ChatMetrics, add_routes, refusals
 from shared.infra import service, tracing
+from shared.infra.compression import answer_compression
 from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
@@ -34,7 +35,8 @@ async def migrate(settings: Settings) -> None:
 def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> web.Application:
     """The whole chat service, ready for ``web.run_app`` or a test client."""
     app = web.Application(
-        middlewares=[tracing.middleware, refusals], client_max_size=settings.max_body_bytes
+        middlewares=[*answer_compression(settings), tracing.middleware, refusals],
+        client_max_size=settings.max_body_bytes,
     )
     registry = CollectorRegistry()
     app[SETTINGS] = settings

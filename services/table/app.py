@@ -34,6 +34,7 @@ from services.table.tables import Shuffle, Tables, secure_shuffle
 from services.table.ws import FILES, HUB, MEMORY, Hub, add_socket_route
 from shared.contracts.names import SOCKETS_EXCHANGE
 from shared.infra import service, tracing
+from shared.infra.compression import answer_compression
 from shared.infra.consumer import ConsumerMetrics
 from shared.infra.files import FileBudget
 from shared.infra.memory import MemoryBudget
@@ -63,7 +64,8 @@ def create_app(
 ) -> web.Application:
     """The whole table service, ready for ``web.run_app`` or a test client."""
     app = web.Application(
-        middlewares=[tracing.middleware, refusals], client_max_size=settings.max_body_bytes
+        middlewares=[*answer_compression(settings), tracing.middleware, refusals],
+        client_max_size=settings.max_body_bytes,
     )
     registry = CollectorRegistry()
     app[SETTINGS] = settings
