@@ -21,7 +21,7 @@ from shared.infra.consumer import ConsumerMetrics
 from shared.infra.ops import REGISTRY
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
-from shared.infra.web import BODY_READ_S, HEAD_READ_S
+from shared.infra.web import BODY_READ_S, HEAD_READ_S, not_stored
 
 SCHEMA = "gin_chat"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -35,7 +35,7 @@ async def migrate(settings: Settings) -> None:
 def create_app(settings: Settings, *, clock: Callable[[], float] = time.time) -> web.Application:
     """The whole chat service, ready for ``web.run_app`` or a test client."""
     app = web.Application(
-        middlewares=[*answer_compression(settings), tracing.middleware, refusals],
+        middlewares=[*answer_compression(settings), not_stored, tracing.middleware, refusals],
         client_max_size=settings.max_body_bytes,
     )
     registry = CollectorRegistry()

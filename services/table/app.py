@@ -42,7 +42,7 @@ from shared.infra.ops import REGISTRY
 from shared.infra.outbox import OutboxRelay
 from shared.infra.service import BROKER, POOL, SETTINGS
 from shared.infra.settings import Settings
-from shared.infra.web import BODY_READ_S, HEAD_READ_S
+from shared.infra.web import BODY_READ_S, HEAD_READ_S, not_stored
 
 log = structlog.get_logger()
 SCHEMA = "gin_table"
@@ -64,7 +64,7 @@ def create_app(
 ) -> web.Application:
     """The whole table service, ready for ``web.run_app`` or a test client."""
     app = web.Application(
-        middlewares=[*answer_compression(settings), tracing.middleware, refusals],
+        middlewares=[*answer_compression(settings), not_stored, tracing.middleware, refusals],
         client_max_size=settings.max_body_bytes,
     )
     registry = CollectorRegistry()

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import asyncpg
 import msgspec
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
 from shared.contracts.api import TABLE_ID_PATTERN, ErrorBody, ErrorDetail
@@ -172,6 +172,18 @@ async def _read_body(request: web.Request) -> None:
             await request.read()
     except TimeoutError:
         raise BodyTooSlow(f"the request's body did not arrive whole within {seconds:g} s") from None
+
+
+@web.middleware
+async def not_stored(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every answer says ``Cache-Control: no-store`` unless its handler said otherwise: a
+    seat's view holds its hand, which a browser's cache on a shared phone would keep, and
+    every answer is of a moment (a view, a page of a log that grows, a record that a person's
+    erasure may change)."""
+    response = await handler(request)
+    if not response.prepared and hdrs.CACHE_CONTROL not in response.headers:
+        response.headers[hdrs.CACHE_CONTROL] = "no-store"
+    return response
 
 
 def refusals(

@@ -36,3 +36,14 @@ async def test_a_chat_refusal_answers_in_the_language_asked(
     status, _, body = await _post(chat, "no-such", ana, "oi", {"Accept-Language": "pt-BR"})
     assert (status, body["error"]["code"]) == (404, "no_such_table")
     assert body["error"]["message"] == "o chat não conhece essa mesa"
+
+
+async def test_the_chats_answers_are_not_stored(api: Api, chat: ChatApi, chat_db: Any) -> None:
+    """The chat's answers say ``Cache-Control: no-store``, as the table's do."""
+    table_id, ana, _ = await chat_table(api, chat_db)
+    posted = await chat.post(table_id, ana, "oi")
+    assert posted.status == 201, posted
+    assert posted.headers.get("Cache-Control") == "no-store"
+    history = await chat.history(table_id, after=0)
+    assert history.status == 200, history
+    assert history.headers.get("Cache-Control") == "no-store"
