@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,11 @@ FLOOD_COMMIT = os.environ.get("BENCH_FLOOD_COMMIT", "on")
 # relay a process of its own (services.table.relay), counted as the part "relay"; 0: the
 # relay inside the service.
 RELAY_APART = os.environ.get("BENCH_RELAY_APART", "1") == "1"
+# The commands' connections ask for gzip, as every browser does (BENCH_ACCEPT_GZIP=0: they do
+# not, as before GIN_HTTP_GZIP existed); the answers are decompressed by the load's process.
+ACCEPT_GZIP = os.environ.get("BENCH_ACCEPT_GZIP", "1") == "1"
+ACCEPT = b"Accept-Encoding: gzip, deflate, br\r\n" if ACCEPT_GZIP else b""
+GZIP_WBITS = 16 + zlib.MAX_WBITS
 # How players send their commands: "http" (POST .../commands, as the reference client does) or
 # "ws" (a command frame on the table socket each already holds, answered on it).
 COMMANDS = os.environ.get("BENCH_COMMANDS", "http")
@@ -379,17 +385,21 @@ class Line:
         assert self.writer is not None
         assert self.reader is not None
         self.writer.write(
-            b"POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\n"
+            b"POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\n%s"
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (path.encode(), self.host.encode(), self.auth, len(body), body)
+            % (path.encode(), self.host.encode(), self.auth, ACCEPT, len(body), body)
         )
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = 0
+        gzipped = False
         for line in head.split(b"\r\n"):
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
-        return status, await self.reader.readexactly(length)
+            elif line[:17].lower() == b"content-encoding:":
+                gzipped = line[17:].strip().lower() == b"gzip"
+        answer = await self.reader.readexactly(length)
+        return status, zlib.decompress(answer, GZIP_WBITS) if gzipped else answer
 
     def close(self) -> None:
         """Close the connection."""

@@ -1,17 +1,16 @@
-"""Answers gzipped for the clients that accept it, when that saves a packet or more.
+"""Long answers gzipped for the clients that accept it.
 
 The site is played mostly on phones. A page opening a table reads its event log (``GET
-.../events``, up to a thousand events a page) and views listing every legal move: JSON that
-gzip makes several times smaller. The edge (ingress-nginx) compresses only if its
-controller's ConfigMap says so, and this repository does not own that ConfigMap; so the
-services compress, as they do their sockets' frames (``services/table/deflate.py``).
+.../events``, up to a thousand events a page), a lobby its list of tables: JSON that gzip
+makes several times smaller. The edge (ingress-nginx) compresses only if its controller's
+ConfigMap says so, and this repository does not own that ConfigMap; so the services compress
+the long answers, as they do their sockets' frames (``services/table/deflate.py``).
 
 Only a ``web.Response`` whose whole body is known, not yet encoded, and at least
-``MIN_BYTES`` long: a smaller one goes in one TCP segment either way. zlib's level 1, not
-aiohttp's own compression (level 6, not settable): JSON shrinks nearly as much for under half
-the CPU, and a command's answer is compressed on the event loop (a large page on a thread:
-zlib releases the GIL). gzip, not deflate: ``Content-Encoding: deflate`` has been read both as
-zlib and as raw deflate by clients.
+``MIN_BYTES`` long. zlib's level 1, not aiohttp's own compression (level 6, not settable):
+JSON shrinks nearly as much for under half the CPU. A body past ``THREAD_BYTES`` is
+compressed on a thread (zlib releases the GIL). gzip, not deflate: ``Content-Encoding:
+deflate`` has been read both as zlib and as raw deflate by clients.
 """
 
 from __future__ import annotations
@@ -24,8 +23,11 @@ from aiohttp.typedefs import Handler, Middleware
 
 from shared.infra.settings import Settings
 
-# About one TCP segment's payload: a smaller answer costs one packet compressed or not.
-MIN_BYTES = 1400
+# Answers shorter than this go plain: a command's answer or a view (a few KB) fits in the
+# first flight of a connection's packets compressed or not, and gzipping each move's answer
+# cost the table a tenth of its moves at saturation (docs/DESIGN.md §8). A page of a log, a
+# long list, a hand's record or a chat's history is gzipped.
+MIN_BYTES = 8 * 1024
 LEVEL = 1
 GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream
 # A body this long is compressed on a thread, not on the event loop.

@@ -52,7 +52,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ws_max_frame_bytes: int = 16 * 1024  # a larger WebSocket message closes the socket (1009)
     # Accept permessage-deflate on table sockets (frames compressed once for all: deflate.py).
     ws_deflate: bool = True
-    # Gzip HTTP answers of 1,400 bytes or more for clients that accept it (compression.py).
+    # Gzip HTTP answers of 8 KiB or more for clients that accept it (compression.py).
     http_gzip: bool = True
     # Committed table rows a table replica remembers: a person's command at one of them is
     # applied to it and saved in one statement (0: every command locks and reads its row).

@@ -52,7 +52,7 @@ async def raw(api: Api) -> AsyncIterator[aiohttp.ClientSession]:
 async def test_a_tables_log_comes_gzipped_and_decodes_to_the_same_json(
     api: Api, raw: aiohttp.ClientSession
 ) -> None:
-    table_id, ana, bia = await api.table_for_two({"target": 10})
+    table_id, ana, bia = await api.table_for_two({"target": 100})
     await play_to_the_end(api, table_id, [ana, bia], seed=3)
     url = api.client.make_url(f"/v1/tables/{table_id}/events?after=0")
     async with raw.get(url, headers={"Accept-Encoding": "identity"}) as r:
@@ -71,8 +71,24 @@ async def test_a_tables_log_comes_gzipped_and_decodes_to_the_same_json(
     assert len(packed) * 3 < len(plain), (len(packed), len(plain))
 
 
-async def test_a_small_answer_and_a_refusal_go_plain(api: Api, raw: aiohttp.ClientSession) -> None:
+async def test_a_move_a_view_and_a_refusal_go_plain(api: Api, raw: aiohttp.ClientSession) -> None:
+    """A command's answer and a view (a few KB) fit in a connection's first flight of packets
+    either way: gzipping them would cost the table's CPU on every move for nothing."""
     headers = {"Accept-Encoding": BROWSER}
+    table_id, ana, bia = await api.table_for_two()
+    seated = {**headers, "Authorization": f"Bearer {ana}"}
+    async with raw.get(api.client.make_url(f"/v1/tables/{table_id}"), headers=seated) as r:
+        assert r.status == 200
+        assert "Content-Encoding" not in r.headers
+        view = msgspec.json.decode(await r.read())
+    move = {**view["legal"][0], "command_id": "c-1"} if view["legal"] else None
+    if move is None:  # the other seat decides first: its move
+        move = {**(await api.view(table_id, bia))["legal"][0], "command_id": "c-1"}
+        seated["Authorization"] = f"Bearer {bia}"
+    url = api.client.make_url(f"/v1/tables/{table_id}/commands")
+    async with raw.post(url, json=move, headers=seated) as r:
+        assert r.status == 200, await r.text()
+        assert "Content-Encoding" not in r.headers
     async with raw.get(api.client.make_url("/healthz"), headers=headers) as r:
         assert r.status == 200
         assert "Content-Encoding" not in r.headers
@@ -95,7 +111,7 @@ async def test_a_socket_of_a_client_that_accepts_gzip_is_served(api: Api) -> Non
 async def test_gzip_can_be_turned_off(settings: Settings) -> None:
     off = msgspec.structs.replace(settings, http_gzip=False)
     async with open_api(off) as api, aiohttp.ClientSession(auto_decompress=False) as session:
-        table_id, ana, bia = await api.table_for_two({"target": 10})
+        table_id, ana, bia = await api.table_for_two({"target": 100})
         await play_to_the_end(api, table_id, [ana, bia], seed=3)
         url = api.client.make_url(f"/v1/tables/{table_id}/events?after=0")
         async with session.get(url, headers={"Accept-Encoding": BROWSER}) as r:
