@@ -356,7 +356,10 @@ function renderLog(s) {
 function renderChat(s) {
   const list = $("chat-log");
   const shownUpTo = list.__shownUpTo || 0;
-  if (list.__table !== s.table || (s.chat.length && s.chat[s.chat.length - 1].seq < shownUpTo)) {
+  // Lines are appended as messages come; a message read back older than the newest shown (a
+  // gap filled) makes the ones up to it differ from the lines drawn: the list is drawn anew.
+  const upToShown = s.chat.filter((m) => m.seq <= shownUpTo).length;
+  if (list.__table !== s.table || upToShown !== list.childElementCount) {
     list.replaceChildren();
     list.__table = s.table;
     list.__shownUpTo = 0;

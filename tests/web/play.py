@@ -153,11 +153,15 @@ class Relay:
     """Stands between Ana's window and the table socket: ``drop()`` closes the socket under
     the page (it reconnects by itself; given a ``code``, as the server would close it); with
     ``hold``, the next snapshot is kept in ``held`` instead of reaching the page, until the
-    test sends it."""
+    test sends it; a frame ``lose`` says yes to never reaches the page (kept in ``lost``), as
+    one the page's replica did not hear; ``snapshots`` are those the server sent."""
 
     def __init__(self) -> None:
         self.hold = False
         self.held: list[str] = []
+        self.lose: Callable[[str], bool] = lambda text: False
+        self.lost: list[str] = []
+        self.snapshots: list[str] = []
         self.sockets: list[tuple[Any, Any]] = []
 
     def route(self, ws: Any) -> None:
@@ -165,13 +169,22 @@ class Relay:
 
         def from_server(message: str | bytes) -> None:
             text = message if isinstance(message, str) else message.decode()
+            if '"kind":"snapshot"' in text:
+                self.snapshots.append(text)
             if self.hold and '"kind":"snapshot"' in text and not self.held:
                 self.held.append(text)
+                return
+            if self.lose(text):
+                self.lost.append(text)
                 return
             ws.send(message)
 
         server.on_message(from_server)
         self.sockets.append((ws, server))
+
+    def to_page(self, text: str) -> None:
+        """Send the page a frame on its open socket, as the server would."""
+        self.sockets[-1][0].send(text)
 
     def drop(self, code: int = 1011, reason: str = "the network is down") -> None:
         page_side, server_side = self.sockets[-1]
