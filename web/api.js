@@ -68,6 +68,8 @@ export const api = {
   command: (token, table, command) =>
     call("POST", `/v1/tables/${table}/commands`, { token, body: command }),
   events: (table, after) => call("GET", `/v1/tables/${table}/events?after=${after}`),
+  myTables: (token, after) =>
+    call("GET", `/v1/players/me/tables?limit=100&after=${encodeURIComponent(after)}`, { token }),
   preferences: (token) => call("GET", "/v1/players/me/preferences", { token }),
   setPreferences: (token, deckDesign) =>
     call("PUT", "/v1/players/me/preferences", { token, body: { deck_design: deckDesign } }),

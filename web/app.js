@@ -10,7 +10,7 @@
 // timer). ``state`` is the page's only state.
 
 import { api, commandId, eventsAfter, messagesAfter, PlayerSocket, Refusal, TableSocket } from "./api.js";
-import { reduceTables } from "./mytables.js";
+import { addPage, reduceTables } from "./mytables.js";
 import { renderMyTables } from "./mytables_view.js";
 import { render } from "./render.js";
 import { initialState, reduce } from "./state.js";
@@ -135,11 +135,37 @@ function openLobby() {
   dispatch({ type: "screen", screen: "lobby" });
   renderMyTables(myTables, Date.now());
   if (playerSocket || !state.me) return;
-  const onFrame = (frame) => {
-    const next = reduceTables(myTables, frame);
+  const show = (next) => {
     if (next === myTables) return;
     myTables = next;
     renderMyTables(myTables, Date.now());
+  };
+  // A ``tables`` frame holds the list's first page: the later pages are read after it, and a
+  // newer ``tables`` frame (a reconnect, or the list sent again) stops that read.
+  let paging = 0;
+  let told = new Set(); // tables a ``table`` frame told of since the last ``tables`` frame
+  const readLaterPages = async (generation, after) => {
+    while (after && generation === paging) {
+      let page;
+      try {
+        page = await api.myTables(token(), after);
+      } catch {
+        return; // the next ``tables`` frame (a reconnect) reads them again
+      }
+      if (generation !== paging) return;
+      show(addPage(myTables, page.tables || [], told));
+      after = page.next;
+    }
+  };
+  const onFrame = (frame) => {
+    if (frame && frame.kind === "tables") {
+      paging += 1;
+      told = new Set();
+      if (frame.next) readLaterPages(paging, frame.next);
+    } else if (frame && frame.kind === "table" && frame.table) {
+      told.add(frame.table.table_id);
+    }
+    show(reduceTables(myTables, frame));
   };
   playerSocket = new PlayerSocket(token, {
     onSnapshot: onFrame,

@@ -35,6 +35,18 @@ export function reduceTables(list, frame) {
   return list;
 }
 
+/** The list after a later page of it (``GET /v1/players/me/tables?after=``, read after the
+ * ``tables`` frame, which holds the first page): each entry added as a ``table`` frame's is,
+ * but for the tables in ``told`` (those a ``table`` frame told of since the paging began: the
+ * frame is newer than the page). */
+export function addPage(list, entries, told) {
+  let next = list;
+  for (const entry of entries) {
+    if (entry && entry.table_id && !told.has(entry.table_id)) next = reduceTables(next, { kind: "table", table: entry });
+  }
+  return next;
+}
+
 /** How long ago, in Portuguese: "agora", "há 5 min", "há 3 h", "há 2 dias". */
 export function ago(iso, nowMs) {
   const ms = Math.max(0, nowMs - Date.parse(iso));

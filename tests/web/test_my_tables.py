@@ -8,6 +8,7 @@ from typing import Any
 
 import requests
 
+from shared.contracts.api import LIST_LIMIT
 from tests.web.conftest import DESKTOP, Person, Stack
 from tests.web.play import bia_moves, sign_in
 
@@ -98,3 +99,20 @@ def test_my_tables_in_the_lobby_my_turn_first_and_kept_current(people: Any, stac
     # A row is the table's link.
     ana.page.locator(f'{ROWS}[data-table="{hers}"] a').click()
     ana.wait(f"p.table === {hers!r} && p.status === 'playing'")
+
+
+def test_more_tables_than_the_sockets_first_page_are_all_listed(people: Any, stack: Stack) -> None:
+    """The player socket's first frame holds the list's first page (20 tables); the page reads
+    the later pages itself: a correspondence player with more tables sees them all."""
+    ana: Person = people(DESKTOP, "ana")
+    ana.page.goto(f"{stack.base}/")
+    sign_in(ana, "Ana")
+    ana.page.locator("#my-tables-empty").wait_for(state="visible")
+    me = ana.token()
+    made = (post(stack, "/v1/tables", me, {"options": {}}) for _ in range(LIST_LIMIT + 3))
+    tables = {created["table_id"] for created in made}
+    ana.page.reload()  # the lobby's socket opened again, once the tables exist
+    ana.page.wait_for_function(
+        f"() => document.querySelectorAll({ROWS!r}).length === {len(tables)}"
+    )
+    assert {r["table"] for r in rows(ana)} == tables

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { ago, describe, reduceTables, until } from "../mytables.js";
+import { addPage, ago, describe, reduceTables, until } from "../mytables.js";
 
 const NOW = Date.parse("2027-01-15T12:00:00Z");
 
@@ -82,4 +82,16 @@ test("times in words", () => {
   assert.equal(ago("2027-01-12T12:00:00Z", NOW), "há 3 dias");
   assert.equal(until("2027-01-15T11:00:00Z", NOW), "já");
   assert.equal(until("2027-01-15T12:10:00Z", NOW), "em 10 min");
+});
+
+test("a later page adds its tables, but not one a table frame told of since the paging began", () => {
+  const first = reduceTables([], { kind: "tables", tables: [entry("a"), entry("b")], next: "cursor" });
+  const live = entry("c", { myTurn: true, since: "2026-12-01T10:00:00Z" });
+  const told = new Set(["c"]);
+  const withLive = reduceTables(first, { kind: "table", table: live });
+  const older = entry("c"); // the page's entry of c, read before the frame: not taken
+  const paged = addPage(withLive, [entry("d"), older, entry("e", { status: "closed" })], told);
+  assert.deepEqual(paged.map((e) => e.table_id).sort(), ["a", "b", "c", "d"]);
+  assert.equal(paged.find((e) => e.table_id === "c").my_turn, true);
+  assert.equal(addPage(paged, [], told), paged); // nothing new: the same list
 });
