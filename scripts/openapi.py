@@ -378,7 +378,8 @@ OPS: tuple[Op, ...] = (
         " an `error`). Authenticate with `?token=` (or the header); admitted, limited (`sockets`)"
         " and closed as `tableSocket` is (its `x-websocket.close-codes`, but 4410); after a"
         " reconnect, its first message is the list again. The list may also come again on an"
-        " open socket (its replica may have missed changes): it replaces the client's list.",
+        " open socket (its replica may have missed changes), as after a reconnect: its first"
+        " page, with `next` for the later ones.",
         auth="required",
         ok=(101, "Switching Protocols: the WebSocket is open.", None),
         errors=(400, 401, 429, 503),
