@@ -30,12 +30,15 @@ def bia_says(stack: Stack, table: str, bia: str, text: str) -> None:
     assert posted.status_code == 201, posted.text
 
 
-def lost_to_the_page(ana: Person, relay: Relay, text: str, within_s: float = 10.0) -> None:
-    """Wait until the server sent the page the message and the relay lost it (the page's
-    wait, not a sleep: the relay hears the server only while Playwright runs)."""
-    deadline = time.monotonic() + within_s
-    while not any(text in frame for frame in relay.lost):
-        assert time.monotonic() < deadline, f"the server never sent {text!r}"
+def first_message_lost(two: tuple[Person, str, str, Relay], stack: Stack) -> None:
+    """Bia says ``FIRST``; the server sends it to Ana's page and the relay loses it (the
+    page's wait, not a sleep: the relay hears the server only while Playwright runs)."""
+    ana, table, bia, relay = two
+    relay.lose = lambda frame: FIRST in frame and '"message_posted"' in frame
+    bia_says(stack, table, bia, FIRST)
+    deadline = time.monotonic() + 10.0
+    while not any(FIRST in frame for frame in relay.lost):
+        assert time.monotonic() < deadline, f"the server never sent {FIRST!r}"
         ana.page.wait_for_timeout(50)
 
 
@@ -55,10 +58,8 @@ def shows_in_order(ana: Person, *texts: str) -> None:
 def test_a_message_past_a_gap_brings_the_missed_one_back(
     two: tuple[Person, str, str, Relay], stack: Stack
 ) -> None:
-    ana, table, bia, relay = two
-    relay.lose = lambda frame: FIRST in frame and '"message_posted"' in frame
-    bia_says(stack, table, bia, FIRST)
-    lost_to_the_page(ana, relay, FIRST)
+    ana, table, bia, _ = two
+    first_message_lost(two, stack)
     bia_says(stack, table, bia, SECOND)
     shows_in_order(ana, FIRST, SECOND)
     ana.shot("chat-gap-read-back")
@@ -68,10 +69,8 @@ def test_a_message_past_a_gap_brings_the_missed_one_back(
 def test_a_snapshot_again_brings_the_missed_message_back(
     two: tuple[Person, str, str, Relay], stack: Stack
 ) -> None:
-    ana, table, bia, relay = two
-    relay.lose = lambda frame: FIRST in frame and '"message_posted"' in frame
-    bia_says(stack, table, bia, FIRST)
-    lost_to_the_page(ana, relay, FIRST)
+    ana, _, _, relay = two
+    first_message_lost(two, stack)
     ana.page.wait_for_timeout(300)
     assert not any(FIRST in line for line in chat_lines(ana))
     relay.to_page(relay.snapshots[-1])  # as the server sends once its replica hears again
