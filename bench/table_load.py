@@ -41,6 +41,7 @@ import uvloop
 import yaml
 
 from shared.infra.auth import mint
+from shared.infra.compression import GZIP_WBITS
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -83,7 +84,6 @@ RELAY_APART = os.environ.get("BENCH_RELAY_APART", "1") == "1"
 # not, as before GIN_HTTP_GZIP existed); the answers are decompressed by the load's process.
 ACCEPT_GZIP = os.environ.get("BENCH_ACCEPT_GZIP", "1") == "1"
 ACCEPT = b"Accept-Encoding: gzip, deflate, br\r\n" if ACCEPT_GZIP else b""
-GZIP_WBITS = 16 + zlib.MAX_WBITS
 # How players send their commands: "http" (POST .../commands, as the reference client does) or
 # "ws" (a command frame on the table socket each already holds, answered on it).
 COMMANDS = os.environ.get("BENCH_COMMANDS", "http")

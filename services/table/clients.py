@@ -61,8 +61,8 @@ class Client:
     ready: bool = False  # the snapshot is queued: events may follow
     last_seq: int = 0  # the newest table event queued for it
     last_chat_seq: int = 0
-    # The feed may have missed its table's chat or timer notices (bound late, or the channel
-    # reopened): it is sent a snapshot again after its next whole catch-up, and reads them.
+    # The feed may have missed its table's chat or timer notices since its snapshot (bound
+    # late, or the channel reopened): it is sent one again after its next whole catch-up.
     missed: bool = False
     notices: set[uuid.UUID] = field(default_factory=set)  # timer events sent (by envelope id)
     queued_bytes: int = 0

@@ -304,12 +304,13 @@ class Hub:
             await self.catch_up_or_retry(table_id, [])
 
     def _missed(self, table_id: str) -> None:
-        """The feed may have missed the table's chat and notices: each of its clients is
-        sent a snapshot again after the table's next whole catch-up."""
-        watchers = self.clients.get(table_id, ())
-        for client in watchers:
+        """The feed may have missed the table's chat and notices: each of its clients sent
+        its snapshot already is sent one again after the table's next whole catch-up (one
+        whose snapshot is still to come reads its chat after that one)."""
+        ready = self._ready(table_id)
+        for client in ready:
             client.missed = True
-        if watchers:
+        if ready:
             self.missed.add(table_id)
 
     async def deliver_batch(self, body: bytes) -> None:
@@ -507,7 +508,7 @@ class Hub:
                 seat = row.seat_of(client.identity.id if client.identity else None)
                 self.send(client, self.known.snapshot_frame(row, seat, client.deck_design))
             left = left or client.missed
-        if not left:  # a client not ready yet is cleared by its own first snapshot
+        if not left:
             self.missed.discard(table_id)
 
 

@@ -153,12 +153,16 @@ class Lobby:
         if clients:
             return
         self.players.pop(player, None)
-        for table_id in list(self.tables_of.get(player, ())):
-            self._unwatch(table_id, player)
+        self._unwatch_all(player)
 
     def _watch(self, table_id: str, player: str) -> None:
         self.watching.setdefault(table_id, set()).add(player)
         self.tables_of.setdefault(player, set()).add(table_id)
+
+    def _unwatch_all(self, player: str) -> None:
+        """Forget every table watched for ``player`` (their last socket is gone)."""
+        for table_id in list(self.tables_of.get(player, ())):
+            self._unwatch(table_id, player)
 
     def _unwatch(self, table_id: str, player: str) -> None:
         """Forget that ``player`` watches ``table_id``: by both maps, so a socket's release
@@ -235,8 +239,7 @@ class Lobby:
         assert client.identity is not None
         player = client.identity.id
         if player not in self.players:
-            for table_id in list(self.tables_of.get(player, ())):
-                self._unwatch(table_id, player)
+            self._unwatch_all(player)
 
     async def _read(self, dirty: dict[str, set[str]]) -> None:
         async with self.pool.acquire() as conn:

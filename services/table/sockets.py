@@ -151,7 +151,6 @@ async def _snapshot(request: web.Request, client: Client, table_id: str) -> bool
     # No await from here on: no event is queued between the snapshot and ``ready``.
     client.deck_design = design
     client.last_seq = max(client.last_seq, row.seq)
-    client.missed = False  # this snapshot is the one the client reads its chat after
     hub.send(client, hub.known.snapshot_frame(row, seat, design))
     client.ready = True
     return read

@@ -4,6 +4,7 @@ Everything is read from what the page shows (``Person.shown``), never from its v
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -147,6 +148,17 @@ def to_anas_discard(ana: Person, stack: Stack, table: str, bia: str) -> None:
             bia_moves(stack, table, bia)
             ana.wait(f"p.version > {before}")
     raise AssertionError(f"Ana never came to discard: {ana.seen()}")
+
+
+def waited_for(person: Person, condition: Callable[[], bool], within_s: float) -> float | None:
+    """Seconds until ``condition()`` held, or None if it did not within ``within_s``. Waits in
+    the page (not a sleep): a relay hears its sockets only while Playwright runs."""
+    started = time.monotonic()
+    while time.monotonic() - started < within_s:
+        if condition():
+            return time.monotonic() - started
+        person.page.wait_for_timeout(50)
+    return None
 
 
 class Relay:

@@ -8,13 +8,11 @@ server sends a snapshot again; either way it shows both, in order.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import requests
 
 from tests.web.conftest import Person, Stack
-from tests.web.play import Relay
+from tests.web.play import Relay, waited_for
 
 FIRST, SECOND = "primeira mensagem", "segunda mensagem"
 
@@ -31,15 +29,12 @@ def bia_says(stack: Stack, table: str, bia: str, text: str) -> None:
 
 
 def first_message_lost(two: tuple[Person, str, str, Relay], stack: Stack) -> None:
-    """Bia says ``FIRST``; the server sends it to Ana's page and the relay loses it (the
-    page's wait, not a sleep: the relay hears the server only while Playwright runs)."""
+    """Bia says ``FIRST``; the server sends it to Ana's page and the relay loses it."""
     ana, table, bia, relay = two
     relay.lose = lambda frame: FIRST in frame and '"message_posted"' in frame
     bia_says(stack, table, bia, FIRST)
-    deadline = time.monotonic() + 10.0
-    while not any(FIRST in frame for frame in relay.lost):
-        assert time.monotonic() < deadline, f"the server never sent {FIRST!r}"
-        ana.page.wait_for_timeout(50)
+    lost = waited_for(ana, lambda: any(FIRST in frame for frame in relay.lost), 10.0)
+    assert lost is not None, f"the server never sent {FIRST!r}"
 
 
 def chat_lines(ana: Person) -> list[str]:

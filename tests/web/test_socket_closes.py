@@ -8,12 +8,10 @@ closes the page's side with the server's code.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.web.conftest import Person
-from tests.web.play import Relay
+from tests.web.play import Relay, waited_for
 
 
 def close_as_the_server(ana: Person, relay: Relay, code: int, reason: str) -> tuple[int, int]:
@@ -27,12 +25,7 @@ def close_as_the_server(ana: Person, relay: Relay, code: int, reason: str) -> tu
 
 def reconnected(ana: Person, relay: Relay, opened: int, within_s: float) -> float | None:
     """Seconds until the page opened another socket, or None within ``within_s``."""
-    started = time.monotonic()
-    while time.monotonic() - started < within_s:
-        if len(relay.sockets) > opened:
-            return time.monotonic() - started
-        ana.page.wait_for_timeout(50)
-    return None
+    return waited_for(ana, lambda: len(relay.sockets) > opened, within_s)
 
 
 @pytest.mark.timeout(120)
